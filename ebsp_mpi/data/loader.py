@@ -1,0 +1,105 @@
+"""``load_dataset``: one entry point from a dataset name to a normalised ``Dataset``."""
+
+from __future__ import annotations
+
+import numpy
+
+from .cifar import load_cifar10
+from .dataset import Dataset, split_train_test
+from .digits import load_digits
+from .errors import DatasetError
+from .hdf5 import load_hdf5
+from .idx import load_idx_dataset
+from .normalize import standardize
+from .synthetic import load_synthetic
+
+DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "hdf5", "synthetic")
+
+
+def load_dataset(name: str, *, root: str = "", path: str = "", test_fraction: float = 0.2, seed: int = 0,
+                 normalize: bool = True, max_train: int = 0, synthetic_samples: int = 10000,
+                 synthetic_features: int = 64, synthetic_classes: int = 10,
+                 synthetic_hidden: int = 64) -> Dataset:
+    """Load a dataset onto the host, split it and standardise it.
+
+    Every rank calls this with the same arguments and gets the same arrays: the
+    split and the synthetic data are functions of ``seed`` alone.
+
+    Parameters
+    ----------
+    name : str
+        One of ``DATASETS``.
+    root : str
+        Directory of the files for ``mnist``, ``fashion-mnist`` (four IDX files,
+        raw or .gz) and ``cifar10`` (the binary batches, in ``root`` or
+        ``root/cifar-10-batches-bin``).
+    path : str
+        The HDF5 file for ``hdf5``.
+    test_fraction : float
+        Fraction held out for testing, in (0, 1), where the data has no official
+        test split (``digits``, ``synthetic``, ``hdf5`` without ``x_test``).
+    seed : int
+        Seed (>= 0) of the split and of the synthetic data.
+    normalize : bool
+        Standardise with the training split's mean and std, per channel for
+        images and per feature for vectors (see ``normalize.py``). When false the
+        raw values are kept, as float32.
+    max_train : int
+        When > 0, keep only the first ``max_train`` training samples (after the
+        split; before the statistics are taken), for quick runs.
+    synthetic_samples, synthetic_features, synthetic_classes, synthetic_hidden : int
+        Size of the ``synthetic`` task: samples N, input width D, classes and
+        the teacher's hidden width.
+
+    Returns
+    -------
+    Dataset
+    """
+    if name not in DATASETS:
+        raise DatasetError(f"unknown dataset {name!r}; expected one of {', '.join(DATASETS)}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, numpy.integer)) or seed < 0:
+        raise DatasetError(f"data seed = {seed!r}; expected an integer >= 0")
+    if isinstance(max_train, bool) or not isinstance(max_train, (int, numpy.integer)) or max_train < 0:
+        raise DatasetError(f"data.max_train = {max_train!r}; expected an integer >= 0 (0 keeps every sample)")
+
+    x_train, y_train, x_test, y_test, num_classes, input_shape = read_splits(
+        name, root=root, path=path, test_fraction=test_fraction, seed=seed,
+        synthetic=(synthetic_samples, synthetic_features, synthetic_classes, synthetic_hidden))
+    if max_train:
+        # A copy, so the full training array can be freed and the in-place
+        # standardisation below touches only what is kept.
+        x_train, y_train = x_train[:max_train].copy(), y_train[:max_train].copy()
+    # The readers already return fresh float32 arrays; this only guarantees it.
+    x_train = numpy.ascontiguousarray(x_train, dtype=numpy.float32)
+    x_test = numpy.ascontiguousarray(x_test, dtype=numpy.float32)
+    mean = std = None
+    if normalize:
+        mean, std = standardize(x_train, x_test)
+    return Dataset(name=name, x_train=x_train, y_train=numpy.ascontiguousarray(y_train, dtype=numpy.int64),
+                   x_test=x_test, y_test=numpy.ascontiguousarray(y_test, dtype=numpy.int64),
+                   num_classes=int(num_classes), input_shape=tuple(input_shape), mean=mean, std=std)
+
+
+def read_splits(name: str, *, root: str, path: str, test_fraction: float, seed: int, synthetic: tuple):
+    """Raw float32 train and test splits of dataset ``name`` (official split, or seeded random split).
+
+    Returns
+    -------
+    x_train, y_train, x_test, y_test, num_classes, input_shape
+    """
+    if name in ("mnist", "fashion-mnist"):
+        return load_idx_dataset(name, root)
+    if name == "cifar10":
+        return load_cifar10(root)
+    if name == "hdf5":
+        x, y, x_test, y_test, num_classes, input_shape = load_hdf5(path)
+        if x_test is not None:
+            return x, y, x_test, y_test, num_classes, input_shape
+        source = path
+    elif name == "digits":
+        x, y, num_classes, input_shape = load_digits()
+        source = name
+    else:
+        x, y, num_classes, input_shape = load_synthetic(*synthetic, seed)
+        source = name
+    return (*split_train_test(x, y, test_fraction, seed, source=source), num_classes, input_shape)
