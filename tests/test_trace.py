@@ -1,0 +1,243 @@
+"""HDF5 trace writer and reader: round trips, growth across flushes, crash safety, damaged files."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import h5py
+import numpy as np
+import pytest
+
+from ebsp_mpi.trace import TABLES, TraceError, TraceWriter, read_run, read_trace, trace_path
+from ebsp_mpi.trace.schema import SERVER_TABLES, WORKER_TABLES
+
+
+def random_rows(dtype: np.dtype, n: int, rng: np.random.Generator) -> np.ndarray:
+    rows = np.zeros(n, dtype=dtype)
+    for name in dtype.names:
+        kind = dtype[name].kind
+        if kind == "f":
+            rows[name] = rng.standard_normal(n) * 100
+        elif kind == "u":
+            rows[name] = rng.integers(0, 2, n)
+        else:
+            rows[name] = rng.integers(-(2**31), 2**31 - 1, n)
+    return rows
+
+
+ATTRS = {
+    "run_id": "run-42",
+    "rank": 0,
+    "role": "server",
+    "world_size": 4,
+    "host": "node-a",
+    "backend": "numpy",
+    "device": None,
+    "package_version": "0.1.0",
+    "config": {"sync": {"model": "elastic", "lookahead": 5}, "stragglers": {"slowdown": [1.0, 3.0]}},
+}
+
+
+def test_trace_path_names_rank_file(tmp_path):
+    assert trace_path(tmp_path, 3) == tmp_path / "trace" / "rank-0003.h5"
+    assert trace_path("out", 12345).name == "rank-12345.h5"
+    with pytest.raises(ValueError, match="rank"):
+        trace_path(tmp_path, -1)
+
+
+def test_round_trip_every_table_and_attrs(tmp_path):
+    rng = np.random.default_rng(0)
+    path = trace_path(tmp_path, 0)
+    expected = {name: random_rows(dt, 7, rng) for name, dt in TABLES.items()}
+    with TraceWriter(path, ATTRS) as writer:
+        for name, rows in expected.items():
+            for k, row in enumerate(rows):
+                if k % 2:  # both call forms
+                    writer.append(name, row.item())
+                else:
+                    writer.append(name, **{f: row[f] for f in rows.dtype.names})
+        writer.set_attrs(clock_offset_s=-0.125)
+
+    trace = read_trace(path)
+    assert set(trace.tables) == set(TABLES)
+    for name, rows in expected.items():
+        got = trace.tables[name]
+        assert got.dtype == TABLES[name]
+        np.testing.assert_array_equal(got, rows)
+    assert trace.config == ATTRS["config"]
+    assert trace.attrs["config"] == ATTRS["config"]
+    for key in ("run_id", "rank", "role", "world_size", "host", "backend", "device", "package_version"):
+        assert trace.attrs[key] == ATTRS[key]
+    assert trace.attrs["clock_offset_s"] == -0.125
+    assert trace.rank == 0 and trace.role == "server"
+    assert trace.attrs["trace_schema_version"] >= 1
+    with h5py.File(path, "r") as h5:  # stored as the JSON attribute DESIGN names
+        assert "config_json" in h5.attrs and "config" not in h5.attrs
+
+
+def test_tables_are_chunked_resizable_and_grow_across_flushes(tmp_path):
+    path = tmp_path / "w.h5"
+    rows = random_rows(TABLES["iterations"], 3000, np.random.default_rng(1))
+    # Batches larger than the initial buffer force growth; flushes in between extend the dataset.
+    batches = [rows[:5], rows[5:1205], rows[1205:1206], rows[1206:]]
+    with TraceWriter(path, {"rank": 1, "role": "worker"}, flush_seconds=1e9) as writer:
+        for batch in batches:
+            for row in batch:
+                writer.append("iterations", row.item())
+            assert writer.pending("iterations") == len(batch)
+            assert writer.maybe_flush() is False  # the interval has not passed
+            writer.flush()
+            assert writer.pending("iterations") == 0
+    with h5py.File(path, "r") as h5:
+        ds = h5["iterations"]
+        assert ds.maxshape == (None,) and ds.chunks is not None
+        assert set(h5) == {"iterations"}  # tables never used are not created
+    trace = read_trace(path)
+    np.testing.assert_array_equal(trace.tables["iterations"], rows)
+    assert trace.table("pushes").dtype == TABLES["pushes"] and len(trace.table("pushes")) == 0
+
+
+def test_maybe_flush_writes_once_interval_passed(tmp_path):
+    path = tmp_path / "m.h5"
+    writer = TraceWriter(path, {"rank": 0}, flush_seconds=0.0)
+    writer.append("zipline", (1.0, 8, 5, 1e-4))
+    assert writer.maybe_flush() is True
+    assert writer.pending("zipline") == 0
+    trace = read_trace(path, live=True)  # the writer still holds the file
+    assert len(trace.tables["zipline"]) == 1
+    writer.close()
+
+
+def test_close_is_idempotent_and_final(tmp_path):
+    path = tmp_path / "c.h5"
+    writer = TraceWriter(path, {"rank": 0})
+    writer.append("evals", t=1.0, version=3, test_loss=0.5, test_acc=0.9, seconds=0.01)
+    writer.close()
+    writer.close()
+    writer.flush()  # no-op once closed
+    assert writer.closed
+    with pytest.raises(ValueError, match="closed"):
+        writer.append("evals", (2.0, 4, 0.4, 0.91, 0.01))
+    assert len(read_trace(path).tables["evals"]) == 1
+
+
+def test_append_rejects_bad_rows(tmp_path):
+    with TraceWriter(tmp_path / "b.h5", {"rank": 0}) as writer:
+        with pytest.raises(ValueError, match="unknown trace table 'nope'"):
+            writer.append("nope", (1,))
+        with pytest.raises(ValueError, match="missing field 't_reply'"):
+            writer.append("pulls", worker=1, t_request=0.0, version=2)
+        with pytest.raises(ValueError, match=r"unknown fields \['extra'\]"):
+            writer.append("pulls", worker=1, t_request=0.0, t_reply=0.1, version=2, extra=5)
+        with pytest.raises(TypeError):
+            writer.append("pulls", (1, 0.0, 0.1, 2), worker=1)
+        with pytest.raises(TypeError, match="'bad'"):
+            writer.set_attrs(bad=object())
+        assert writer.pending("pulls") == 0
+
+
+def test_tables_by_role_cover_schema():
+    assert set(WORKER_TABLES) | set(SERVER_TABLES) == set(TABLES)
+
+
+CHILD = textwrap.dedent(
+    """
+    import os, signal, sys
+    from ebsp_mpi.trace import TraceWriter
+    path, mode = sys.argv[1], sys.argv[2]
+    w = TraceWriter(path, {"rank": 1, "role": "worker", "config": {"a": {"b": 1}}}, flush_seconds=1e9)
+    if mode == "flushed":
+        for i in range(1000):
+            w.append("iterations", (i, 0.0, 0.1, 0.2, 0.3, 0.1, i, 1.5, 0.0, i / 100))
+        w.flush()
+        print("flushed", flush=True)
+        sys.stdin.readline()  # the parent reads the live file meanwhile
+        for i in range(1000, 1500):  # buffered only: lost with the process
+            w.append("iterations", (i, 0.0, 0.1, 0.2, 0.3, 0.1, i, 1.5, 0.0, i / 100))
+        w.set_attrs(clock_offset_s=0.5)
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["flushed", "before-first-flush"])
+def test_file_readable_after_sigkill(tmp_path, mode):
+    path = tmp_path / "trace" / "rank-0001.h5"
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(path), mode],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        if mode == "flushed":
+            assert child.stdout.readline().strip() == "flushed"
+            live = read_trace(path, live=True)
+            assert len(live.tables["iterations"]) == 1000
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        assert child.wait(timeout=60) == -9  # really SIGKILLed, no cleanup ran
+    finally:
+        if child.poll() is None:
+            child.kill()
+
+    trace = read_trace(path)
+    assert trace.config == {"a": {"b": 1}}
+    assert "clock_offset_s" not in trace.attrs  # set after the last flush
+    if mode == "flushed":
+        rows = trace.tables["iterations"]
+        np.testing.assert_array_equal(rows["iteration"], np.arange(1000))
+        np.testing.assert_array_equal(rows["version"], np.arange(1000))
+    else:
+        assert trace.tables == {}
+
+
+def write_run(run_dir, ranks):
+    for rank in ranks:
+        with TraceWriter(trace_path(run_dir, rank), {"rank": rank}) as writer:
+            writer.append("zipline", (float(rank), 2, 3, 0.001))
+
+
+def test_read_run_returns_every_rank(tmp_path):
+    write_run(tmp_path, [0, 1, 2])
+    (tmp_path / "trace" / "notes.txt").write_text("ignored")
+    traces = read_run(tmp_path)
+    assert sorted(traces) == [0, 1, 2]
+    assert all(traces[r].rank == r for r in traces)
+    assert traces[2].tables["zipline"]["t"][0] == 2.0
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
+def test_read_run_skips_damaged_file_with_warning(tmp_path, damage):
+    write_run(tmp_path, [0, 1, 2])
+    bad = trace_path(tmp_path, 1)
+    if damage == "truncate":
+        os.truncate(bad, os.path.getsize(bad) // 2)
+    elif damage == "garbage":
+        bad.write_bytes(b"not an hdf5 file" * 100)
+    else:
+        bad.write_bytes(b"")
+    with pytest.warns(UserWarning, match="rank-0001.h5") as caught:
+        traces = read_run(tmp_path)
+    assert sorted(traces) == [0, 2]
+    assert len(caught) == 1
+    with pytest.raises(TraceError, match="rank-0001.h5"):
+        read_trace(bad)
+
+
+def test_read_run_errors_name_the_path(tmp_path):
+    missing = tmp_path / "no-such-run"
+    with pytest.raises(TraceError, match="no-such-run"):
+        read_run(missing)
+    with pytest.raises(TraceError, match="no trace directory"):
+        read_run(tmp_path)
+    (tmp_path / "trace").mkdir()
+    with pytest.raises(TraceError, match="no trace files"):
+        read_run(tmp_path)
+    only = trace_path(tmp_path, 0)
+    only.write_bytes(b"\0" * 64)
+    with pytest.warns(UserWarning), pytest.raises(TraceError, match="no readable trace file"):
+        read_run(tmp_path)
+    with pytest.raises(TraceError, match="not found"):
+        read_trace(tmp_path / "trace" / "rank-0009.h5")
