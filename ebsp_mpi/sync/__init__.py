@@ -1,0 +1,13 @@
+"""Synchronization models as pure policies over push events (no MPI, no clock of their own).
+
+The same objects drive the live parameter server, the unit tests (scripted event sequences) and the
+discrete-event simulator (:mod:`.simulate`). See :mod:`.base` for the protocol and DESIGN.md
+("Synchronization models") for the semantics each model holds.
+"""
+
+from .base import Decision, Record, SyncPolicy
+from .registry import POLICIES, make_policy
+from .zipline import ZipLineResult, zipline, zipline_brute
+
+__all__ = ["Decision", "Record", "SyncPolicy", "POLICIES", "make_policy", "ZipLineResult", "zipline",
+           "zipline_brute"]

@@ -1,0 +1,138 @@
+"""The interface every synchronization model implements.
+
+A policy is pure logic over events: it never sees MPI, arrays or a clock of its own. The parameter
+server (``ebsp_mpi.runtime.server``) drives it; the unit tests drive it with scripted event sequences;
+a simulator can drive it with thousands of virtual workers.
+
+Protocol, in the server's order of calls:
+
+1. ``start(t)``: every worker pulls the initial weights; returns the workers released (all of them).
+2. ``on_push(worker, t)``: ``worker`` pushed its next gradient at time ``t`` (seconds since the run's
+   start) and now asks to pull the weights for its next iteration. The server has already applied the
+   gradient (or, for a ``round_based`` policy, added it to the round's sum). The returned
+   :class:`Decision` names the workers whose pulls are answered now; everyone else who has pushed and
+   was not released is *held*.
+3. ``on_leave(worker, t)``: ``worker`` stopped (it reached its stop condition). It no longer pushes, so
+   nobody may wait for it; the decision may release workers it was holding back.
+
+Terms follow the papers: ``done[i]`` is the number of gradients worker i has pushed, a *barrier* is a
+point where held workers are released together, *staleness* bounds how far ahead a worker may run.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the server does after an event.
+
+    Attributes
+    ----------
+    release : tuple of int
+        Workers whose pending pulls are answered now, with the current weights.
+    apply_round : bool
+        Only for ``round_based`` policies (BSP): the round is complete, so the server applies the mean
+        of the round's gradients as one optimizer step *before* answering the released pulls.
+    """
+
+    release: tuple[int, ...] = ()
+    apply_round: bool = False
+
+
+NOTHING = Decision()
+
+
+@dataclass
+class Record:
+    """A row a policy wants in the server's trace (table name and column values)."""
+
+    table: str
+    row: dict = field(default_factory=dict)
+
+
+class SyncPolicy(ABC):
+    """Base class: bookkeeping shared by every model (push counts, held set, active set).
+
+    Parameters
+    ----------
+    workers : int
+        Number of workers, indexed 0..workers-1 (worker i is MPI rank i+1).
+    """
+
+    #: Name used in job files (``sync.model``) and in summary.json.
+    name: str = ""
+    #: True for BSP: the server sums a round's pushes and applies their mean once the round completes.
+    round_based: bool = False
+
+    def __init__(self, workers: int):
+        if workers < 1:
+            raise ValueError(f"a sync policy needs at least one worker, got {workers}")
+        self.workers = workers
+        self.done = np.zeros(workers, dtype=np.int64)
+        self.active: set[int] = set(range(workers))
+        self.held: set[int] = set()
+        self._records: list[Record] = []
+
+    # -- the protocol -------------------------------------------------------------------------
+
+    def start(self, t: float) -> Decision:
+        """Release every worker to pull the initial weights."""
+        return Decision(release=tuple(sorted(self.active)))
+
+    def on_push(self, worker: int, t: float) -> Decision:
+        """Count the push, then let the model decide (see :meth:`_decide_push`)."""
+        self._check_worker(worker)
+        if worker in self.held:
+            raise ValueError(f"worker {worker} pushed while its pull was still held")
+        self.done[worker] += 1
+        self.held.add(worker)
+        decision = self._decide_push(worker, t)
+        self.held.difference_update(decision.release)
+        return decision
+
+    def on_leave(self, worker: int, t: float) -> Decision:
+        """Remove a worker that stopped; nobody waits for it any more."""
+        self._check_worker(worker)
+        self.active.discard(worker)
+        self.held.discard(worker)
+        decision = self._decide_leave(worker, t)
+        release = tuple(w for w in decision.release if w in self.active)
+        self.held.difference_update(release)
+        return Decision(release=release, apply_round=decision.apply_round)
+
+    # -- what each model defines ---------------------------------------------------------------
+
+    @abstractmethod
+    def _decide_push(self, worker: int, t: float) -> Decision:
+        """``worker`` (now in ``self.held``, ``done`` already counted) asks to pull at ``t``."""
+
+    def _decide_leave(self, worker: int, t: float) -> Decision:
+        """Default: a leaver frees nobody (models with waiting override this)."""
+        return NOTHING
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def min_done(self) -> int:
+        """Pushes of the slowest active worker (0 when none is active)."""
+        if not self.active:
+            return 0
+        return int(min(self.done[w] for w in self.active))
+
+    def take_records(self) -> list[Record]:
+        """Trace rows produced since the last call (barriers, ZipLine calls, ...); clears them."""
+        records, self._records = self._records, []
+        return records
+
+    def _record(self, table: str, **row) -> None:
+        self._records.append(Record(table, row))
+
+    def _check_worker(self, worker: int) -> None:
+        if not 0 <= worker < self.workers:
+            raise ValueError(f"worker index {worker} out of range 0..{self.workers - 1}")
+        if worker not in self.active:
+            raise ValueError(f"worker {worker} already left")

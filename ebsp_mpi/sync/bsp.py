@@ -1,0 +1,42 @@
+"""Bulk Synchronous Parallel: one optimizer step per round, everyone waits for the slowest.
+
+Round c is complete when every active worker has pushed its c-th gradient. The server sums the
+round's gradients as they arrive (the policy is ``round_based``); when the round completes it applies
+their mean as one optimizer step and answers every held pull with the same new weights (Valiant,
+"A bridging model for parallel computation", CACM 1990; DESIGN.md "Synchronization models").
+"""
+
+from __future__ import annotations
+
+from .base import NOTHING, Decision, SyncPolicy
+
+
+class BSP(SyncPolicy):
+    """Bulk Synchronous Parallel over ``workers`` workers.
+
+    A push is held until every active worker has pushed the same round; the last push of the round
+    releases all active workers together with ``apply_round=True``. A worker that leaves completes the
+    round when all the others have already pushed it (its own gradients already pushed stay in the
+    server's round sum). BSP writes no trace rows of its own.
+
+    Parameters
+    ----------
+    workers : int
+        Number of workers.
+    """
+
+    name = "bsp"
+    round_based = True
+
+    def _decide_push(self, worker: int, t: float) -> Decision:
+        return self._close_round_if_complete()
+
+    def _decide_leave(self, worker: int, t: float) -> Decision:
+        return self._close_round_if_complete()
+
+    def _close_round_if_complete(self) -> Decision:
+        # A held worker cannot push again, so "every active worker is held" means every active
+        # worker has pushed the current round and no more.
+        if self.active and self.held >= self.active:
+            return Decision(release=tuple(sorted(self.active)), apply_round=True)
+        return NOTHING

@@ -1,0 +1,124 @@
+"""Predict each worker's next R push times from its push history (ElasticBSP, ICDM 2019, Sec. 4.2).
+
+The paper's predictor assumes a worker keeps its most recent iteration interval: its k-th next push is
+``t_last + k · interval`` with ``interval = t_last − t_second_last`` (rule ``"last"``). Rule ``"ema"``
+uses an exponential moving average of the intervals instead, which tolerates jitter.
+
+Only intervals between two pushes of the same *monitoring phase* are measured: :meth:`reset` (called
+when a barrier releases) forgets the last push time, so the interval that spans the barrier — which
+includes the time the worker was held — is never taken for an iteration time. The EMA itself is kept
+across resets (it is the smoothed history).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+RULES = ("last", "ema")
+
+
+class PushPredictor:
+    """Per-worker push history and the predicted times of the next pushes.
+
+    Parameters
+    ----------
+    workers : int
+        Number of workers, indexed 0..workers-1.
+    rule : {"last", "ema"}
+        ``"last"``: the most recent interval (the paper). ``"ema"``: an exponential moving average of
+        the intervals, ``ema ← alpha · interval + (1 − alpha) · ema`` (the first interval seeds it).
+    ema_alpha : float
+        Weight of the newest interval for ``"ema"``, in (0, 1].
+    """
+
+    def __init__(self, workers: int, rule: str = "last", ema_alpha: float = 0.5):
+        if workers < 1:
+            raise ValueError(f"PushPredictor needs at least one worker, got {workers}")
+        if rule not in RULES:
+            raise ValueError(f"predictor rule must be one of {RULES}, got {rule!r}")
+        if not 0.0 < ema_alpha <= 1.0:
+            raise ValueError(f"ema_alpha must be in (0, 1], got {ema_alpha}")
+        self.workers = workers
+        self.rule = rule
+        self.ema_alpha = float(ema_alpha)
+        self._last = np.full(workers, np.nan)       # time of the latest push since the reset
+        self._interval = np.full(workers, np.nan)   # latest interval since the reset
+        self._ema = np.full(workers, np.nan)        # smoothed interval, kept across resets
+        self._pushes = np.zeros(workers, dtype=np.int64)
+
+    def observe(self, worker: int, t: float) -> None:
+        """Record a push of ``worker`` at time ``t`` (seconds, non-decreasing per worker)."""
+        self._check(worker)
+        last = self._last[worker]
+        if not np.isnan(last):
+            interval = t - last
+            if interval < 0:
+                raise ValueError(f"worker {worker} pushed at t={t}, before its previous push at t={last}")
+            self._interval[worker] = interval
+            ema = self._ema[worker]
+            a = self.ema_alpha
+            self._ema[worker] = interval if np.isnan(ema) else a * interval + (1.0 - a) * ema
+        self._last[worker] = t
+        self._pushes[worker] += 1
+
+    def reset(self, worker: int | None = None) -> None:
+        """Start a new monitoring phase for ``worker`` (all workers when None)."""
+        which = slice(None) if worker is None else self._check(worker)
+        self._last[which] = np.nan
+        self._interval[which] = np.nan
+        self._pushes[which] = 0
+
+    def pushes(self, worker: int) -> int:
+        """Pushes of ``worker`` observed since its last reset."""
+        return int(self._pushes[self._check(worker)])
+
+    def ready(self, worker: int, min_pushes: int = 2) -> bool:
+        """Whether ``worker`` pushed ``min_pushes`` times since its reset and has an interval to use."""
+        w = self._check(worker)
+        return bool(self._pushes[w] >= min_pushes and not np.isnan(self._rate()[w]))
+
+    def interval(self, worker: int) -> float:
+        """The interval (seconds per iteration) the rule predicts with; NaN when none is known."""
+        return float(self._rate()[self._check(worker)])
+
+    def predict(self, workers: Sequence[int], R: int, first: int = 1) -> np.ndarray:
+        """Predicted times of pushes k = first .. first+R−1 after each worker's latest push.
+
+        Parameters
+        ----------
+        workers : sequence of int
+            The rows, in this order.
+        R : int
+            Lookahead: pushes per worker.
+        first : int
+            1 (default) predicts future pushes only; 0 includes the latest push itself, as the
+            authors' reference code does.
+
+        Returns
+        -------
+        numpy.ndarray
+            float64, shape (len(workers), R), rows non-decreasing.
+        """
+        if R < 1:
+            raise ValueError(f"lookahead R must be >= 1, got {R}")
+        rows = np.asarray([self._check(w) for w in workers], dtype=np.int64)
+        last, rate = self._last[rows], self._rate()[rows]
+        unknown = np.flatnonzero(np.isnan(last) | np.isnan(rate))
+        if unknown.size:
+            raise ValueError(f"no push interval known yet for worker {int(rows[unknown[0]])} "
+                             f"(it needs two pushes since its last reset)")
+        k = np.arange(first, first + R, dtype=np.float64)
+        return last[:, None] + rate[:, None] * k[None, :]
+
+    def _rate(self) -> np.ndarray:
+        if self.rule == "last":
+            return self._interval
+        # the EMA is only trusted once this phase measured an interval of its own
+        return np.where(np.isnan(self._interval), np.nan, self._ema)
+
+    def _check(self, worker: int) -> int:
+        if not 0 <= worker < self.workers:
+            raise ValueError(f"worker index {worker} out of range 0..{self.workers - 1}")
+        return int(worker)

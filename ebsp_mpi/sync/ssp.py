@@ -1,0 +1,108 @@
+"""Stale Synchronous Parallel: pushes applied on arrival, a worker may run at most s iterations ahead.
+
+Ho et al., "More effective distributed ML via a stale synchronous parallel parameter server",
+NIPS 2013. With ``done_i`` the pushes of worker i, worker i may start its next iteration only while
+``done_i - min_j done_j <= s`` over the active workers; otherwise its pull is held until the slowest
+worker catches up (DESIGN.md "Synchronization models"). ``s = 0`` is lockstep, although unlike BSP
+each gradient is still applied on arrival as its own optimizer step.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+
+from .base import Decision, SyncPolicy
+
+
+def check_count(name: str, value) -> int:
+    """Return ``value`` as an int if it is a non-negative integer, else raise ``ValueError``.
+
+    Parameters
+    ----------
+    name : str
+        The parameter's name, for the message (e.g. ``"staleness"``).
+    value : int
+        The value to check (bools are refused: ``True`` is no iteration count).
+    """
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        count = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be a non-negative integer (iterations), got {value!r}") from None
+    if count < 0:
+        raise ValueError(f"{name} must be a non-negative integer (iterations), got {count}")
+    return count
+
+
+class SSP(SyncPolicy):
+    """Stale Synchronous Parallel with staleness bound ``staleness`` (s, in iterations).
+
+    A push is applied on arrival. The pusher is released when ``done_i - min_j done_j <= s`` over
+    the active workers; otherwise it is held, and every later push that raises the minimum (a push of
+    the slowest worker) or a departure releases all held workers that are back within the bound.
+    SSP writes no trace rows of its own.
+
+    Parameters
+    ----------
+    workers : int
+        Number of workers.
+    staleness : int
+        The bound s >= 0 (iterations); 0 is lockstep.
+    """
+
+    name = "ssp"
+
+    def __init__(self, workers: int, staleness: int = 3):
+        super().__init__(workers)
+        self.staleness = check_count("staleness", staleness)
+        # min_j done_j at the last decision: held workers can only become free when it rises.
+        self._floor = 0
+        # Sorted active workers as an index array, rebuilt when one leaves (the set only shrinks).
+        self._active_index = np.arange(workers)
+
+    def min_done(self) -> int:
+        """Pushes of the slowest active worker (0 when none is active); vectorized over workers."""
+        if len(self._active_index) != len(self.active):
+            self._active_index = np.fromiter(sorted(self.active), dtype=np.int64, count=len(self.active))
+        if not len(self._active_index):
+            return 0
+        return int(self.done[self._active_index].min())
+
+    def lead(self, worker: int) -> int:
+        """How many iterations ``worker`` is ahead of the slowest active worker: done_i - min_j done_j."""
+        return int(self.done[worker]) - self.min_done()
+
+    def _decide_push(self, worker: int, t: float) -> Decision:
+        floor = self.min_done()
+        raised, self._floor = floor > self._floor, floor
+        release = [worker] if self._admit(worker, t, floor) else []
+        if raised:
+            release += self._freed(floor, skip=worker)
+        return Decision(release=tuple(sorted(release)))
+
+    def _decide_leave(self, worker: int, t: float) -> Decision:
+        # The minimum over the remaining workers can only be the same or higher.
+        self._floor = self.min_done()
+        return Decision(release=tuple(self._freed(self._floor)))
+
+    # -- what DSSP refines -----------------------------------------------------------------------
+
+    def _admit(self, worker: int, t: float, floor: int) -> bool:
+        """May ``worker``, which just pushed at ``t``, start its next iteration now?"""
+        return int(self.done[worker]) - floor <= self.staleness
+
+    def _bound(self, worker: int) -> int:
+        """The lead (iterations) up to which a held ``worker`` is released."""
+        return self.staleness
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _freed(self, floor: int, skip: int = -1) -> list[int]:
+        """Held workers (other than ``skip``) whose lead is back within their bound."""
+        return [
+            w for w in sorted(self.held)
+            if w != skip and int(self.done[w]) - floor <= self._bound(w)
+        ]
