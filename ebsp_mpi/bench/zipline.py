@@ -1,0 +1,80 @@
+"""Benchmark: ZipLine's production scan against a plain heapq scan and brute force.
+
+Instances are shaped like the authors' (Zhao et al., ML 2021, Sec. 6): every worker has a constant
+iteration interval drawn from U[1000, 1500] ms and a random phase; row i holds its next R pushes,
+``offset_i + k · interval_i`` for k = 1..R. Each implementation is run once to warm up, then timed
+``--reps`` times; the table shows medians in milliseconds and ratios to the production form. Brute
+force runs only where R**n is at most ``--brute-limit``. Results are checked to agree.
+
+Run single-threaded for comparable figures: ``OMP_NUM_THREADS=1 python benchmarks/bench_zipline.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from ebsp_mpi.sync.zipline import zipline, zipline_brute, zipline_heap
+
+SIZES = ((4, 15), (4, 150), (64, 15), (64, 150), (1000, 15), (1000, 150))
+
+
+def authors_like(n: int, R: int, rng: np.random.Generator) -> np.ndarray:
+    """(n, R) predicted push times in ms: constant interval U[1000, 1500] per worker, random phase."""
+    interval = rng.uniform(1000.0, 1500.0, n)
+    offset = rng.uniform(0.0, 1500.0, n)
+    return offset[:, None] + interval[:, None] * np.arange(1, R + 1)
+
+
+def median_seconds(fn: Callable[[], object], reps: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(reps):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return float(np.median(times))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="bench_zipline", description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=7, help="timed repetitions per cell (median)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--brute-limit", type=float, default=2e5,
+                        help="run brute force only where R**n is at most this")
+    args = parser.parse_args(argv)
+    rng = np.random.default_rng(args.seed)
+
+    print(f"ZipLine benchmark — numpy {np.__version__}, {platform.processor() or platform.machine()}, "
+          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, median of {args.reps}")
+    header = (f"{'n':>5} {'R':>4} | {'zipline ms':>10} {'heap ms':>9} {'brute ms':>9} | "
+              f"{'heap/zipline':>12} {'brute/zipline':>13} | {'spread':>8}")
+    print(header)
+    print("-" * len(header))
+    for n, R in SIZES:
+        M = authors_like(n, R, rng)
+        fast = zipline(M)
+        heap = zipline_heap(M)
+        if not (np.array_equal(fast.index, heap.index) and fast.spread == heap.spread):
+            raise RuntimeError(f"zipline and zipline_heap disagree at n={n}, R={R}")
+        t_fast = median_seconds(lambda: zipline(M), args.reps)
+        t_heap = median_seconds(lambda: zipline_heap(M), args.reps)
+        brute_cell, ratio_cell = f"{'-':>9}", f"{'-':>13}"
+        if n * np.log10(R) <= np.log10(args.brute_limit):
+            brute = zipline_brute(M)
+            if not (np.array_equal(fast.index, brute.index) and fast.spread == brute.spread):
+                raise RuntimeError(f"zipline and zipline_brute disagree at n={n}, R={R}")
+            t_brute = median_seconds(lambda: zipline_brute(M), max(1, args.reps // 2))
+            brute_cell, ratio_cell = f"{t_brute * 1e3:9.2f}", f"{t_brute / t_fast:13.1f}"
+        print(f"{n:>5} {R:>4} | {t_fast * 1e3:10.3f} {t_heap * 1e3:9.2f} {brute_cell} | "
+              f"{t_heap / t_fast:12.1f} {ratio_cell} | {fast.spread:8.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
