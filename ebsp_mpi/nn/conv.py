@@ -1,0 +1,190 @@
+"""2-D convolution (NCHW) by im2col and one large GEMM per product."""
+
+from __future__ import annotations
+
+from .base import Layer, pair, require_chw
+from .params import ParamSpace, TensorSpec
+
+
+class Conv2D(Layer):
+    """2-D cross-correlation over NCHW batches, ``y[n, o] = sum_c W[o, c] * x[n, c] + b[o]``.
+
+    Parameters
+    ----------
+    out_channels : int
+        Output channels O.
+    kernel, stride, padding : int or (int, int)
+        Kernel size (kh, kw), stride (sh, sw) and zero padding (ph, pw) on each side.
+    init : str
+        Initialiser of ``W`` (shape ``(O, C, kh, kw)``); ``b`` (shape ``(O,)``) starts at zero.
+
+    Notes
+    -----
+    im2col with the batch inside the columns: the windows are copied once (through a strided view)
+    into a ``(C*kh*kw, N*G)`` matrix, so forward, weight gradient and column gradient are each ONE
+    large GEMM; col2im adds the column gradient back with kh*kw strided-slice additions (a loop over
+    kernel offsets, not pixels, and no scatter-add, so the code runs on CuPy unchanged).
+
+    With stride 1 the columns run over a "wide" grid of Ho rows of the padded row length (G = Ho*row),
+    so every kernel offset is one contiguous run of the flattened padded image: im2col and col2im
+    then copy long contiguous runs instead of rows of Wo. Rows are stored W + pw long, sharing one
+    run of zeros between the right padding of a row and the left padding of the next, so only
+    row - Wo = kw - 1 - pw columns per row are extra (1 for a 3x3 kernel with padding 1): they
+    read wrapped-around pixels, their outputs are dropped and their gradients are zero. With a
+    stride the grid is the plain Ho x Wo.
+    """
+
+    def __init__(self, out_channels: int, kernel, stride=1, padding=0, init: str = "he_normal"):
+        if int(out_channels) < 1:
+            raise ValueError(f"Conv2D: out_channels must be >= 1, got {out_channels}")
+        self.out_channels = int(out_channels)
+        self.kernel = pair(kernel, "Conv2D kernel")
+        self.stride = pair(stride, "Conv2D stride")
+        self.padding = pair(padding, "Conv2D padding")
+        if min(self.kernel) < 1 or min(self.stride) < 1 or min(self.padding) < 0:
+            raise ValueError(f"Conv2D: need kernel >= 1, stride >= 1, padding >= 0; got kernel "
+                             f"{self.kernel}, stride {self.stride}, padding {self.padding}")
+        self.init = init
+
+    def __repr__(self) -> str:
+        return (f"Conv2D({self.out_channels}, kernel={self.kernel}, stride={self.stride}, "
+                f"padding={self.padding})")
+
+    def build(self, in_shape, prefix):
+        c, h, w = require_chw(in_shape, "Conv2D")
+        (kh, kw), (sh, sw), (ph, pw) = self.kernel, self.stride, self.padding
+        hp, wp = h + 2 * ph, w + 2 * pw
+        ho, wo = (hp - kh) // sh + 1, (wp - kw) // sw + 1
+        if ho < 1 or wo < 1:
+            raise ValueError(f"Conv2D: kernel {self.kernel} with padding {self.padding} does not fit "
+                             f"the input (C, H, W) = {(c, h, w)}")
+        self.in_shape, self.out_hw = (c, h, w), (ho, wo)
+        self.wide = (sh, sw) == (1, 1)
+        if self.wide:
+            # Consecutive rows share one run of pw zeros (right padding of a row = left padding of
+            # the next), which is enough while pw <= kw - 1, and fewer wide columns are wasted.
+            self.row = w + pw if pw <= kw - 1 else wp
+            self.grid_w = self.row
+            # The last offset's run overruns the padded rows by kw - 1 elements: zeros to read.
+            self.plane = hp * self.row + kw - 1
+        else:
+            self.row, self.grid_w, self.plane = wp, wo, hp * wp
+        self.padded_h = hp
+        o = self.out_channels
+        self.tensor_names = (f"{prefix}.W", f"{prefix}.b")
+        fan_in, fan_out = c * kh * kw, o * kh * kw
+        specs = [TensorSpec(self.tensor_names[0], (o, c, kh, kw), self.init, fan_in, fan_out),
+                 TensorSpec(self.tensor_names[1], (o,), "zeros", fan_in, fan_out)]
+        return specs, (o, ho, wo)
+
+    def bind(self, space: ParamSpace) -> None:
+        super().bind(space)
+        w, b = self.tensor_names
+        o = self.out_channels
+        self.W2 = space.param(w).reshape(o, -1)       # (O, K) views: K = C*kh*kw
+        self.b = space.param(b)
+        self.dW2 = space.grad_of(w).reshape(o, -1)
+        self.db = space.grad_of(b)
+        self._bufs = {}
+
+    def _scratch(self, name, shape, zero=False, keep=True):
+        """A buffer kept between training steps (re-made when the shape changes), so that large
+        temporaries do not pay fresh page faults every step; ``keep=False`` (evaluation, whose
+        batches differ) makes a fresh one. ``zero``: zero-filled when made."""
+        buf = self._bufs.get(name) if keep else None
+        if buf is None or buf.shape != shape:
+            make = self.xp.zeros if zero else self.xp.empty
+            buf = make(shape, dtype=self.W2.dtype)
+            if keep:
+                self._bufs[name] = buf
+        return buf
+
+    def _image(self, buf):
+        """The ``(N, C, Hp, row)`` padded images inside a ``(N, C, plane)`` buffer (a view)."""
+        hp, row = self.padded_h, self.row
+        return buf[:, :, :hp * row].reshape(buf.shape[0], buf.shape[1], hp, row)
+
+    def _columns(self, x, keep):
+        """im2col: the ``(C*kh*kw, N*G)`` matrix of kernel windows, one copy through a strided view."""
+        xp = self.xp
+        n, c, h, w = x.shape
+        (kh, kw), (sh, sw), (ph, pw) = self.kernel, self.stride, self.padding
+        ho, wo = self.out_hw
+        # Only the interior is ever written, so the zero border made with the buffer stays zero.
+        buf = self._scratch("padded", (n, c, self.plane), zero=True, keep=keep)
+        self._image(buf)[:, :, ph:ph + h, pw:pw + w] = x
+        isz = buf.itemsize
+        if self.wide:
+            row = self.row
+            s_n, s_c = buf.strides[:2]
+            view = xp.lib.stride_tricks.as_strided(
+                buf, shape=(c, kh, kw, n, ho * row), strides=(s_c, row * isz, isz, s_n, isz))
+        else:
+            img = self._image(buf)
+            s_n, s_c, s_h, s_w = img.strides
+            view = xp.lib.stride_tricks.as_strided(
+                img, shape=(c, kh, kw, n, ho, wo), strides=(s_c, s_h, s_w, s_n, s_h * sh, s_w * sw))
+        cols = self._scratch("cols", view.shape, keep=keep)
+        cols[...] = view
+        return cols.reshape(c * kh * kw, -1)
+
+    def forward(self, x, train):
+        xp = self.xp
+        n = x.shape[0]
+        o, (ho, wo) = self.out_channels, self.out_hw
+        # Training columns live until backward; an evaluation forward in between must not touch them.
+        cols = self._columns(x, keep=train)
+        yg = self._scratch("yg", (o, n * ho * self.grid_w), keep=train)
+        xp.matmul(self.W2, cols, out=yg)
+        y = xp.empty((n, o, ho, wo), dtype=yg.dtype)
+        # Dropping the wide columns, moving the batch axis first and adding the bias: one pass.
+        xp.add(yg.reshape(o, n, ho, self.grid_w)[..., :wo].transpose(1, 0, 2, 3),
+               self.b[:, None, None], out=y)
+        if train:
+            self._cols = cols
+        return y
+
+    def backward(self, dy, need_dx=True):
+        xp = self.xp
+        cols, self._cols = self._cols, None
+        n = dy.shape[0]
+        o, (ho, wo) = self.out_channels, self.out_hw
+        # Wide columns are not outputs: their gradient stays at the zero the buffer was made with.
+        dyg = self._scratch("dy", (o, n, ho, self.grid_w), zero=True)
+        dyg[..., :wo] = dy.transpose(1, 0, 2, 3)
+        dyg = dyg.reshape(o, -1)
+        xp.sum(dyg, axis=1, out=self.db)
+        # (K, N*G) @ (N*G, O) then a small (K, O) transpose: BLAS runs this orientation faster
+        # than (O, N*G) @ (N*G, K) with its long-strided transposed operand.
+        dwt = self._scratch("dWt", cols.shape[:1] + (o,))
+        xp.matmul(cols, dyg.T, out=dwt)
+        self.dW2[...] = dwt.T
+        if not need_dx:
+            return None
+        dcols = self._scratch("dcols", cols.shape)
+        xp.matmul(self.W2.T, dyg, out=dcols)
+        return self._col2im(dcols, n)
+
+    def _col2im(self, dcols, n):
+        """Sum the ``(C*kh*kw, N*G)`` column gradient back onto the input: one add per kernel offset."""
+        xp = self.xp
+        c, h, w = self.in_shape
+        (kh, kw), (sh, sw), (ph, pw) = self.kernel, self.stride, self.padding
+        ho, wo = self.out_hw
+        buf = xp.zeros((n, c, self.plane), dtype=dcols.dtype)
+        if self.wide:
+            row = self.row
+            g = ho * row
+            dcols = dcols.reshape(c, kh, kw, n, g)
+            dst = buf.transpose(1, 0, 2)                            # (C, N, plane)
+            for i in range(kh):
+                for j in range(kw):
+                    a = i * row + j
+                    dst[:, :, a:a + g] += dcols[:, i, j]
+        else:
+            dcols = dcols.reshape(c, kh, kw, n, ho, wo)
+            dst = self._image(buf).transpose(1, 0, 2, 3)            # (C, N, Hp, Wp)
+            for i in range(kh):
+                for j in range(kw):
+                    dst[:, :, i:i + sh * ho:sh, j:j + sw * wo:sw] += dcols[:, i, j]
+        return self._image(buf)[:, :, ph:ph + h, pw:pw + w]

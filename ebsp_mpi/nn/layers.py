@@ -1,0 +1,99 @@
+"""Layers: ``Dense``, ``ReLU``, ``Flatten`` here; ``Conv2D`` and ``MaxPool2D`` in their own modules.
+
+All of them follow :class:`ebsp_mpi.nn.base.Layer` and work on NumPy or CuPy arrays alike.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .base import Layer
+from .conv import Conv2D
+from .params import ParamSpace, TensorSpec
+from .pool import MaxPool2D
+
+__all__ = ["Layer", "Dense", "Conv2D", "MaxPool2D", "ReLU", "Flatten"]
+
+
+class Dense(Layer):
+    """Fully connected layer ``y = x @ W + b``.
+
+    Parameters
+    ----------
+    out : int
+        Output features.
+    init : str
+        Initialiser of ``W`` (``"he_normal"`` suits a following ReLU; ``"glorot_uniform"`` too).
+
+    Notes
+    -----
+    ``W`` has shape ``(in, out)`` so that forward, weight gradient ``x.T @ dy`` and input gradient
+    ``dy @ W.T`` are each one GEMM on contiguous 2-D operands (transposes are free flags to BLAS).
+    """
+
+    def __init__(self, out: int, init: str = "he_normal"):
+        if int(out) < 1:
+            raise ValueError(f"Dense: out must be >= 1, got {out}")
+        self.out = int(out)
+        self.init = init
+
+    def __repr__(self) -> str:
+        return f"Dense({self.out})"
+
+    def build(self, in_shape, prefix):
+        if len(in_shape) != 1:
+            raise ValueError(f"Dense expects a flat per-sample input (D,), got {tuple(in_shape)}; "
+                             "put Flatten() before it")
+        d = int(in_shape[0])
+        self.in_shape = (d,)
+        self.tensor_names = (f"{prefix}.W", f"{prefix}.b")
+        specs = [TensorSpec(self.tensor_names[0], (d, self.out), self.init, d, self.out),
+                 TensorSpec(self.tensor_names[1], (self.out,), "zeros", d, self.out)]
+        return specs, (self.out,)
+
+    def bind(self, space: ParamSpace) -> None:
+        super().bind(space)
+        w, b = self.tensor_names
+        self.W, self.b = space.param(w), space.param(b)
+        self.dW, self.db = space.grad_of(w), space.grad_of(b)
+
+    def forward(self, x, train):
+        y = self.xp.matmul(x, self.W)
+        y += self.b
+        if train:
+            self._x = x
+        return y
+
+    def backward(self, dy, need_dx=True):
+        xp, x = self.xp, self._x
+        xp.matmul(x.T, dy, out=self.dW)
+        xp.sum(dy, axis=0, out=self.db)
+        self._x = None
+        return xp.matmul(dy, self.W.T) if need_dx else None
+
+
+class ReLU(Layer):
+    """Rectifier ``max(x, 0)``; its gradient at 0 is taken as 0."""
+
+    def forward(self, x, train):
+        if train:
+            self._mask = x > 0
+        return self.xp.maximum(x, 0)
+
+    def backward(self, dy, need_dx=True):
+        mask, self._mask = self._mask, None
+        return self.xp.multiply(dy, mask, dtype=dy.dtype) if need_dx else None
+
+
+class Flatten(Layer):
+    """``(N, *shape) -> (N, prod(shape))``; a view when the input is contiguous."""
+
+    def build(self, in_shape, prefix):
+        self.in_shape = tuple(int(d) for d in in_shape)
+        return [], (math.prod(self.in_shape),)
+
+    def forward(self, x, train):
+        return x.reshape(x.shape[0], -1)
+
+    def backward(self, dy, need_dx=True):
+        return dy.reshape((dy.shape[0],) + self.in_shape) if need_dx else None

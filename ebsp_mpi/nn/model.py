@@ -1,0 +1,187 @@
+"""``Model``: a stack of layers over one ``ParamSpace``, and ``build_model`` for the named kinds."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy
+
+from .base import Layer
+from .layers import Conv2D, Dense, Flatten, MaxPool2D, ReLU
+from .losses import cross_entropy_sum, softmax_cross_entropy
+from .params import ParamSpace
+
+KINDS = ("mlp", "cnn")
+
+
+class Model:
+    """A sequential classifier whose parameters all live in one ``ParamSpace``.
+
+    Parameters
+    ----------
+    layers : sequence of Layer
+        Applied in order; each is built on the previous one's output shape and bound to the space.
+    in_shape : tuple of int
+        Per-sample input shape (no batch dimension).
+    num_classes : int
+        Width of the last layer's output (the logits).
+    kind : str
+        A label (``"mlp"``, ``"cnn"``, or anything for hand-made stacks).
+    xp, dtype
+        Array module and element type of the parameter space.
+
+    Attributes
+    ----------
+    space : ParamSpace
+        Parameters and gradients; tensors are named ``"<layer><k>.<param>"`` (``"conv1.W"``), numbered
+        per layer type in forward order.
+    """
+
+    def __init__(self, layers: Sequence[Layer], in_shape, num_classes: int, *, kind: str = "custom",
+                 xp=numpy, dtype=numpy.float32):
+        self.layers = list(layers)
+        self.in_shape = tuple(int(d) for d in in_shape)
+        self.num_classes = int(num_classes)
+        self.kind = kind
+        self.xp = xp
+        specs, shape, counts = [], self.in_shape, {}
+        for layer in self.layers:
+            base = type(layer).__name__.lower().replace("2d", "")
+            counts[base] = counts.get(base, 0) + 1
+            layer_specs, shape = layer.build(shape, f"{base}{counts[base]}")
+            specs += layer_specs
+        if shape != (self.num_classes,):
+            raise ValueError(f"model output shape is {shape}, expected ({self.num_classes},) logits")
+        self.space = ParamSpace(specs, xp=xp, dtype=dtype)
+        for layer in self.layers:
+            layer.bind(self.space)
+        # Nothing consumes the gradient below the first layer with parameters: skip computing it.
+        self._first_trainable = next((i for i, l in enumerate(self.layers) if l.tensor_names), 0)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(repr(l) for l in self.layers)
+        return f"Model({self.kind}, in_shape={self.in_shape}, [{inner}], {self.space.size} params)"
+
+    def _as_input(self, x):
+        x = self.xp.asarray(x, dtype=self.space.dtype)
+        if tuple(x.shape[1:]) != self.in_shape:
+            dims = ", ".join(map(str, self.in_shape))
+            raise ValueError(f"model input: expected batches of shape (N, {dims}), got {tuple(x.shape)}")
+        return x
+
+    def forward(self, x, train: bool = False):
+        """Logits ``(N, num_classes)`` of a batch ``x`` of shape ``(N, *in_shape)``."""
+        x = self._as_input(x)
+        for layer in self.layers:
+            x = layer.forward(x, train)
+        return x
+
+    def _backward(self, dlogits, on_layer_done, input_grad: bool):
+        stop = 0 if input_grad else self._first_trainable
+        dy = dlogits
+        for i in range(len(self.layers) - 1, stop - 1, -1):
+            layer = self.layers[i]
+            dy = layer.backward(dy, need_dx=input_grad or i > stop)
+            if on_layer_done is not None and layer.tensor_names:
+                on_layer_done(layer.tensor_names)
+        return dy
+
+    def loss_and_grad(self, x, y,
+                      on_layer_done: Callable[[tuple[str, ...]], None] | None = None) -> float:
+        """Mean softmax cross-entropy of the batch; overwrites every element of ``space.grad``.
+
+        Parameters
+        ----------
+        x : array, shape (N, *in_shape)
+        y : array of int, shape (N,)
+        on_layer_done : callable, optional
+            Called with a layer's ``tensor_names`` right after its backward pass has written their
+            gradients, last layer first, for wait-free backpropagation (Poseidon, Zhang et al. 2017,
+            section 3.1): the caller may push those slices while earlier layers still compute.
+
+        Returns
+        -------
+        float
+            The mean loss over the batch.
+        """
+        loss, dlogits = softmax_cross_entropy(self.forward(x, train=True), self.xp.asarray(y))
+        self._backward(dlogits, on_layer_done, input_grad=False)
+        return loss
+
+    def loss_and_input_grad(self, x, y):
+        """Like :meth:`loss_and_grad`, and also return the gradient of the loss w.r.t. ``x``."""
+        loss, dlogits = softmax_cross_entropy(self.forward(x, train=True), self.xp.asarray(y))
+        return loss, self._backward(dlogits, None, input_grad=True)
+
+    def evaluate(self, x, y, batch_size: int = 1024) -> tuple[float, float]:
+        """``(mean loss, accuracy)`` over a data set in batches of ``batch_size``; no gradients."""
+        n = len(y)
+        if n == 0:
+            raise ValueError("evaluate: empty data set")
+        loss_sum, correct = 0.0, 0
+        for start in range(0, n, batch_size):
+            stop = min(start + batch_size, n)
+            logits = self.forward(x[start:stop], train=False)
+            l, c = cross_entropy_sum(logits, self.xp.asarray(y[start:stop]))
+            loss_sum, correct = loss_sum + l, correct + c
+        return float(loss_sum) / n, float(correct) / n
+
+
+def _positive_ints(values, what: str) -> tuple[int, ...]:
+    values = tuple(int(v) for v in values)
+    if any(v < 1 for v in values):
+        raise ValueError(f"build_model: {what} must be positive ints, got {values}")
+    return values
+
+
+def build_model(kind: str, in_shape: tuple[int, ...], num_classes: int, *, hidden=(128,),
+                channels=(8, 16), xp=numpy, dtype=numpy.float32, seed: int = 0) -> Model:
+    """Build and initialise (``space.init(seed)``) one of the named models.
+
+    Parameters
+    ----------
+    kind : str
+        ``"mlp"``: Flatten -> [Dense(h), ReLU] for h in ``hidden`` -> Dense(num_classes); ``in_shape``
+        may be ``(D,)`` or ``(C, H, W)``.
+        ``"cnn"`` (LeNet-like): for c in ``channels``: Conv2D(c, 3, padding=1), ReLU, MaxPool2D(2) (the
+        pool is left out once height or width is below 2) -> Flatten -> Dense(hidden[0]) -> ReLU ->
+        Dense(num_classes); ``in_shape`` must be ``(C, H, W)``. An empty ``hidden`` goes straight to
+        the output layer.
+    in_shape : tuple of int
+        Per-sample input shape.
+    num_classes : int
+        Number of classes (logits).
+    hidden, channels : sequence of int
+        Hidden widths and convolution channels.
+    xp, dtype
+        Array module and parameter element type.
+    seed : int
+        Seed of the initial parameters.
+    """
+    in_shape = tuple(int(d) for d in in_shape)
+    hidden = _positive_ints(hidden, "hidden sizes")
+    channels = _positive_ints(channels, "channels")
+    if int(num_classes) < 2:
+        raise ValueError(f"build_model: num_classes must be >= 2, got {num_classes}")
+    if kind == "mlp":
+        layers = [Flatten()]
+        for h in hidden:
+            layers += [Dense(h), ReLU()]
+    elif kind == "cnn":
+        if len(in_shape) != 3:
+            raise ValueError(f"build_model: kind 'cnn' needs in_shape (C, H, W), got {in_shape}")
+        layers, (h, w) = [], in_shape[1:]
+        for c in channels:
+            layers += [Conv2D(c, 3, padding=1), ReLU()]
+            if h >= 2 and w >= 2:
+                layers.append(MaxPool2D(2))
+                h, w = h // 2, w // 2
+        layers.append(Flatten())
+        if hidden:
+            layers += [Dense(hidden[0]), ReLU()]
+    else:
+        raise ValueError(f"build_model: unknown kind {kind!r}; allowed kinds: {', '.join(KINDS)}")
+    layers.append(Dense(num_classes, init="glorot_uniform"))
+    model = Model(layers, in_shape, num_classes, kind=kind, xp=xp, dtype=dtype)
+    model.space.init(seed)
+    return model

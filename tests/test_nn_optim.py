@@ -1,0 +1,120 @@
+"""SGD against a hand-written reference, learning-rate schedules, and a small training run."""
+
+import math
+
+import numpy as np
+import pytest
+
+from ebsp_mpi.nn import SGD, build_model, make_schedule
+
+
+def reference_sgd(p, grads, lrs, mu, nesterov, wd):
+    """Plain per-step PyTorch-convention SGD in float64."""
+    p, v = p.copy(), np.zeros_like(p)
+    for g, lr in zip(grads, lrs):
+        g = g + wd * p
+        if mu:
+            v = mu * v + g
+            d = g + mu * v if nesterov else v
+        else:
+            d = g
+        p = p - lr * d
+    return p
+
+
+@pytest.mark.parametrize("mu,nesterov,wd", [
+    (0.0, False, 0.0), (0.0, False, 1e-2), (0.9, False, 0.0), (0.9, False, 5e-3),
+    (0.9, True, 0.0), (0.8, True, 1e-2),
+])
+@pytest.mark.parametrize("size", [37, 70001])   # 70001 spans several CPU blocks
+def test_sgd_matches_reference(mu, nesterov, wd, size):
+    rng = np.random.default_rng(0)
+    p0 = rng.normal(size=size)
+    grads = [rng.normal(size=size) for _ in range(4)]
+    lrs = [0.1, 0.05, 0.2, 0.01]
+    opt = SGD(size, momentum=mu, nesterov=nesterov, weight_decay=wd, dtype=np.float64)
+    p = p0.copy()
+    for g, lr in zip(grads, lrs):
+        g_before = g.copy()
+        opt.step(p, g, lr)
+        np.testing.assert_array_equal(g, g_before)      # grad is never modified
+    want = reference_sgd(p0, grads, lrs, mu, nesterov, wd)
+    np.testing.assert_allclose(p, want, rtol=1e-13, atol=1e-14)
+
+
+def test_sgd_per_tensor_slices_equal_whole_buffer():
+    rng = np.random.default_rng(1)
+    p0, grads = rng.normal(size=50), [rng.normal(size=50) for _ in range(3)]
+    whole = SGD(50, momentum=0.9, nesterov=True, dtype=np.float64)
+    sliced = SGD(50, momentum=0.9, nesterov=True, dtype=np.float64)
+    a, b = p0.copy(), p0.copy()
+    for g in grads:
+        whole.step(a, g, 0.1)
+        for lo, hi in [(30, 50), (0, 12), (12, 30)]:        # any order, as pushes may arrive
+            sliced.step(b[lo:hi], g[lo:hi], 0.1, offset=lo)
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(whole.velocity, sliced.velocity)
+
+
+def test_sgd_float32_and_errors():
+    opt = SGD(4, momentum=0.5)
+    p = np.ones(4, dtype=np.float32)
+    opt.step(p, np.ones(4, dtype=np.float32), 0.5)
+    assert p.dtype == np.float32 and np.allclose(p, 0.5)
+    with pytest.raises(ValueError, match="nesterov"):
+        SGD(4, nesterov=True)
+    with pytest.raises(ValueError, match="offset 2"):
+        opt.step(p, p.copy(), 0.1, offset=2)
+    with pytest.raises(ValueError, match=r"grad \(3,\)"):
+        opt.step(p, np.ones(3, dtype=np.float32), 0.1)
+
+
+def test_constant_and_step_schedules():
+    c = make_schedule("constant", 0.1)
+    assert [c(s) for s in (0, 1, 10 ** 6)] == [0.1, 0.1, 0.1]
+    s = make_schedule("step", 1.0, step_size=10, gamma=0.5)
+    assert [s(0), s(9), s(10), s(25), s(30)] == [1.0, 1.0, 0.5, 0.25, 0.125]
+
+
+def test_cosine_schedule():
+    f = make_schedule("cosine", 1.0, total_steps=100, min_lr=0.1)
+    assert f(0) == pytest.approx(1.0)
+    assert f(50) == pytest.approx(0.55)
+    assert f(25) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 4)))
+    assert f(100) == pytest.approx(0.1) and f(500) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="total_steps"):
+        make_schedule("cosine", 1.0)
+
+
+def test_warmup_multiplies_any_kind():
+    w = make_schedule("constant", 0.8, warmup_steps=4)
+    assert [w(s) for s in range(6)] == pytest.approx([0.2, 0.4, 0.6, 0.8, 0.8, 0.8])
+    ws = make_schedule("step", 1.0, warmup_steps=4, step_size=2, gamma=0.5)
+    assert [ws(s) for s in range(5)] == pytest.approx([0.25, 0.5, 0.375, 0.5, 0.25])
+    wc = make_schedule("cosine", 1.0, total_steps=10, warmup_steps=2)
+    plain = make_schedule("cosine", 1.0, total_steps=10)
+    assert wc(0) == pytest.approx(0.5 * plain(0)) and wc(1) == pytest.approx(plain(1))
+    assert wc(5) == pytest.approx(plain(5)) and plain(5) < 1.0
+
+
+def test_schedule_errors():
+    with pytest.raises(ValueError, match="allowed: constant, step, cosine"):
+        make_schedule("linear", 0.1)
+    with pytest.raises(ValueError, match="step must be >= 0"):
+        make_schedule("constant", 0.1)(-1)
+
+
+def test_mlp_training_drives_loss_down():
+    rng = np.random.default_rng(0)
+    centers = rng.normal(scale=3.0, size=(3, 10))
+    y = rng.integers(0, 3, size=600)
+    x = (centers[y] + rng.normal(size=(600, 10))).astype(np.float32)
+    model = build_model("mlp", (10,), 3, hidden=(16,), seed=0)
+    opt = SGD(model.space.size, momentum=0.9)
+    loss0, _ = model.evaluate(x, y)
+    for step in range(150):
+        idx = rng.integers(0, 600, size=32)
+        model.loss_and_grad(x[idx], y[idx])
+        opt.step(model.space.data, model.space.grad, 0.05)
+    loss, acc = model.evaluate(x, y)
+    assert loss < 0.1 * loss0 and acc > 0.97
