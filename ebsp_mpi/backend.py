@@ -1,0 +1,121 @@
+"""The array backend: NumPy on the CPU, CuPy on a GPU, chosen per process.
+
+``backend = "auto" | "numpy" | "cupy"`` in the job; the environment variable ``EBSP_BACKEND``
+overrides it (handy on a cluster where the same job file runs on CPU and GPU nodes). CuPy is imported
+only when asked for or probed, so importing :mod:`ebsp_mpi` never needs it.
+
+A worker picks its GPU from its node-local rank (``local_rank % device_count``) *before* its first
+CuPy allocation, so every rank on a node gets its own device (or they share round-robin when there
+are more ranks than devices). Under Slurm with ``--gpus-per-task=1`` each task sees one device and
+the index is 0.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import UsageError
+
+BACKENDS = ("auto", "numpy", "cupy")
+
+
+class BackendError(UsageError, RuntimeError):
+    """The requested backend cannot be used here (the message says why)."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """An array module and the device it computes on.
+
+    Attributes
+    ----------
+    name : str
+        ``"numpy"`` or ``"cupy"``.
+    xp : module
+        The array module (``numpy`` or ``cupy``).
+    device : int or None
+        The CUDA device index for CuPy, None for NumPy.
+    """
+
+    name: str
+    xp: Any
+    device: int | None = None
+
+    def asarray(self, a, dtype=None):
+        """Host array -> an array of this backend (no copy for NumPy when the dtype matches)."""
+        return self.xp.asarray(a, dtype=dtype)
+
+    def to_host(self, a) -> np.ndarray:
+        """An array of this backend -> a NumPy array (a device-to-host copy for CuPy)."""
+        if self.name == "cupy":
+            return self.xp.asnumpy(a)
+        return np.asarray(a)
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (before timing, or before MPI reads a device buffer)."""
+        if self.name == "cupy":
+            self.xp.cuda.get_current_stream().synchronize()
+
+    def describe(self) -> str:
+        """A short description for logs and trace attributes, e.g. ``cupy:0 (NVIDIA H100 80GB HBM3)``."""
+        if self.name != "cupy":
+            return "numpy (cpu)"
+        props = self.xp.cuda.runtime.getDeviceProperties(self.device)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+        return f"cupy:{self.device} ({name})"
+
+
+NUMPY = Backend("numpy", np)
+
+
+def cupy_status() -> tuple[Any, str]:
+    """``(cupy module, "")`` when CuPy imports and sees a CUDA device, else ``(None, reason)``."""
+    try:
+        import cupy
+    except Exception as e:  # ImportError, or a CUDA library that fails to load
+        return None, f"CuPy cannot be imported ({type(e).__name__}: {e}); install the extra: pip install -e '.[gpu]'"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:
+        return None, f"CuPy sees no CUDA driver or device ({type(e).__name__}: {e})"
+    if count < 1:
+        return None, "CuPy sees no CUDA device"
+    return cupy, ""
+
+
+def resolve_backend(requested: str = "auto", local_rank: int = 0, env=None) -> Backend:
+    """Choose the backend of this process.
+
+    Parameters
+    ----------
+    requested : str
+        The job's ``backend``; ``EBSP_BACKEND`` in `env` overrides it.
+    local_rank : int
+        This process's rank among the processes on its node; picks the GPU.
+    env : mapping, optional
+        The environment to read (default ``os.environ``).
+
+    Raises
+    ------
+    BackendError
+        When ``cupy`` is asked for (or named in ``EBSP_BACKEND``) and cannot be used, or the name is unknown.
+    """
+    env = os.environ if env is None else env
+    name = env.get("EBSP_BACKEND") or requested
+    if name not in BACKENDS:
+        source = "EBSP_BACKEND" if env.get("EBSP_BACKEND") else "backend"
+        raise BackendError(f"{source} = {name!r}: must be one of {', '.join(BACKENDS)}")
+    if name == "numpy":
+        return NUMPY
+    cupy, reason = cupy_status()
+    if cupy is None:
+        if name == "cupy":
+            raise BackendError(f"backend = 'cupy' but {reason}")
+        return NUMPY
+    device = local_rank % cupy.cuda.runtime.getDeviceCount()
+    cupy.cuda.Device(device).use()
+    return Backend("cupy", cupy, device)

@@ -1,0 +1,388 @@
+"""The job schema: dataclasses, TOML loading, ``--set key=value`` overrides and validation.
+
+A job is a TOML file whose tables mirror the dataclasses below (``[model]``, ``[data]``, ``[optim]``,
+``[sync]``, ``[stop]``, ``[eval]``, ``[straggler]``, ``[runtime]``, ``[trace]``); every key can be
+overridden with ``--set section.key=value``. Every value is checked against its field's type and
+range, and an error names the key, the value and what is allowed (:class:`ConfigError`).
+
+Only the standard library is imported here (``tomllib``, or ``tomli`` on Python 3.10), so the CLI can
+validate a job before NumPy, h5py or MPI are loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import sys
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+from .errors import UsageError
+
+
+class ConfigError(UsageError, ValueError):
+    """A job value that is unknown, of the wrong type or out of range (one line, for a person)."""
+
+
+def _opt(default, help: str, **rules):
+    """A field with a help text and validation rules (choices, min, max, gt)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help, **rules})
+    return field(default=default, metadata={"help": help, **rules})
+
+
+@dataclass
+class ModelConfig:
+    kind: str = _opt("mlp", "network: mlp (dense layers) or cnn (LeNet-like)", choices=("mlp", "cnn"))
+    hidden: list[int] = _opt([128], "hidden layer widths (mlp); cnn uses hidden[0] for its dense layer",
+                             min=1, nonempty=True)
+    channels: list[int] = _opt([8, 16], "output channels of each 3x3 conv block (cnn)", min=1, nonempty=True)
+
+
+@dataclass
+class DataConfig:
+    name: str = _opt("digits", "dataset", choices=("digits", "mnist", "fashion-mnist", "cifar10", "hdf5",
+                                                   "synthetic"))
+    root: str = _opt("", "directory with the dataset files (mnist, fashion-mnist, cifar10)")
+    path: str = _opt("", "HDF5 file with datasets x and y (hdf5)")
+    batch_size: int = _opt(32, "minibatch size per worker", min=1)
+    test_fraction: float = _opt(0.2, "share held out for testing where a dataset has no test split",
+                                gt=0.0, max=0.9)
+    normalize: bool = _opt(True, "standardise inputs with the training split's statistics")
+    max_train: int = _opt(0, "keep only this many training samples (0: all)", min=0)
+    synthetic_samples: int = _opt(10000, "synthetic: number of samples", min=10)
+    synthetic_features: int = _opt(64, "synthetic: input features", min=1)
+    synthetic_classes: int = _opt(10, "synthetic: classes", min=2)
+    synthetic_hidden: int = _opt(64, "synthetic: hidden width of the labelling teacher network", min=1)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = _opt(0.05, "learning rate", gt=0.0)
+    momentum: float = _opt(0.9, "momentum factor", min=0.0, max=0.999)
+    nesterov: bool = _opt(False, "Nesterov momentum")
+    weight_decay: float = _opt(0.0, "L2 weight decay", min=0.0)
+    schedule: str = _opt("constant", "learning-rate schedule", choices=("constant", "step", "cosine"))
+    warmup_steps: int = _opt(0, "linear warm-up over this many optimizer steps", min=0)
+    step_size: int = _opt(1000, "step schedule: steps between decays", min=1)
+    gamma: float = _opt(0.1, "step schedule: decay factor", gt=0.0, max=1.0)
+    min_lr: float = _opt(0.0, "cosine schedule: final learning rate", min=0.0)
+    total_steps: int = _opt(0, "cosine schedule: length in optimizer steps (0: derive from stop.iterations)",
+                            min=0)
+
+
+@dataclass
+class SyncConfig:
+    model: str = _opt("bsp", "synchronization model", choices=("bsp", "asp", "ssp", "dssp", "elasticbsp"))
+    workers: int = _opt(0, "workers; 0 = auto (world size 1: one worker; under MPI: world size - 1). At "
+                           "world size 1, n > 1 averages the batches n BSP workers would draw (the oracle)",
+                        min=0)
+    staleness: int = _opt(3, "SSP/DSSP: staleness bound s (iterations)", min=0)
+    dssp_range: int = _opt(3, "DSSP: the threshold moves in [s, s + r]; this is r", min=0)
+    lookahead: int = _opt(15, "ElasticBSP: lookahead R (predicted pushes per worker ZipLine chooses from)",
+                          min=1)
+    penalty: float = _opt(0.0, "ElasticBSP: lambda, weight of the superstep length against the spread", min=0.0)
+    predictor: str = _opt("last", "ElasticBSP: push-time predictor (last interval, or EMA of intervals)",
+                          choices=("last", "ema"))
+    ema_alpha: float = _opt(0.5, "ElasticBSP: smoothing of the ema predictor", gt=0.0, max=1.0)
+
+
+@dataclass
+class StopConfig:
+    iterations: int = _opt(0, "stop after this many iterations per worker (0: no limit)", min=0)
+    epochs: float = _opt(30.0, "stop after this many passes over each worker's shard (0: no limit)", min=0.0)
+    seconds: float = _opt(0.0, "stop after this many wall seconds (0: no limit)", min=0.0)
+
+
+@dataclass
+class EvalConfig:
+    every_seconds: float = _opt(1.0, "evaluate on the test split every this many wall seconds", gt=0.0)
+    targets: list[float] = _opt([0.9, 0.95], "test accuracies whose first time goes into time_to_accuracy",
+                                gt=0.0, max=1.0)
+    batch_size: int = _opt(512, "samples per evaluation slice (the server serves messages between slices)",
+                           min=1)
+
+
+@dataclass
+class StragglerConfig:
+    enabled: bool = _opt(True, "false turns every injected slowdown off")
+    slowdown: list[float] = _opt([], "compute slowdown factor per worker (worker k is rank k+1); missing = 1",
+                                 gt=0.0)
+    jitter_sigma: float = _opt(0.0, "sigma of log-normal jitter on each iteration's compute time", min=0.0)
+    base_s: float = _opt(0.0, "seconds added to every iteration's compute (emulates a heavier model)", min=0.0)
+    phases: list[dict] = _opt([], "transient slow phases: [{worker = k, t1 = s, t2 = s, factor = f}, ...]")
+
+
+@dataclass
+class RuntimeConfig:
+    stall_timeout_s: float = _opt(60.0, "abort when a worker has been silent this many seconds", gt=0.0)
+    cuda_aware_mpi: bool = _opt(False, "send device buffers directly (needs a CUDA-aware MPI)")
+    chunk_bytes: int = _opt(4 << 20, "largest message: bigger tensors go in chunks of this many bytes",
+                            min=1024)
+
+
+@dataclass
+class TraceConfig:
+    enabled: bool = _opt(True, "write DIR/trace/rank-NNNN.h5")
+    flush_seconds: float = _opt(2.0, "flush trace files at least this often (seconds)", gt=0.0)
+
+
+@dataclass
+class JobConfig:
+    name: str = _opt("default", "run name (the default output directory is runs/<name>-<timestamp>)")
+    seed: int = _opt(0, "seed of initialisation, data split, shuffling and stragglers", min=0)
+    backend: str = _opt("auto", "array backend of the workers (EBSP_BACKEND overrides)",
+                        choices=("auto", "numpy", "cupy"))
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    stop: StopConfig = field(default_factory=StopConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    straggler: StragglerConfig = field(default_factory=StragglerConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    trace: TraceConfig = field(default_factory=TraceConfig)
+
+
+PHASE_KEYS = {"worker": int, "t1": float, "t2": float, "factor": float}
+
+
+# -- loading ------------------------------------------------------------------------------------
+
+
+def load_job(path: str | None = None, overrides: typing.Sequence[str] = ()) -> JobConfig:
+    """Build a job from the embedded default, an optional TOML file and ``key=value`` overrides.
+
+    Raises
+    ------
+    ConfigError
+        On a missing or unparsable file, an unknown key, a wrong type or an out-of-range value.
+    """
+    job = JobConfig()
+    if path is not None:
+        apply_mapping(job, read_toml(path), source=str(path))
+    for item in overrides:
+        key, value = _split_override(item)
+        set_value(job, key, value, source="--set")
+    validate(job)
+    return job
+
+
+def read_toml(path: str | Path) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"job file {p}: not found")
+    try:
+        with p.open("rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"job file {p}: not valid TOML: {e}") from None
+
+
+def apply_mapping(obj, mapping: dict, source: str, prefix: str = "") -> None:
+    """Copy a parsed TOML table onto a config dataclass, key by key, with checks."""
+    known = {f.name: f for f in dataclasses.fields(obj)}
+    for key, value in mapping.items():
+        dotted = f"{prefix}{key}"
+        if key not in known:
+            raise ConfigError(f"{source}: unknown key '{dotted}'{_suggest(key, known, prefix)}")
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{source}: '{dotted}' must be a table [{dotted}], got {value!r}")
+            apply_mapping(current, value, source, prefix=f"{dotted}.")
+        else:
+            setattr(obj, key, _coerce(known[key], _hint(obj, key), value, dotted, source))
+
+
+def set_value(job: JobConfig, dotted: str, raw: str, source: str = "--set") -> None:
+    """Set one dotted key from the command line; the text is read as a TOML value where it parses."""
+    obj, parts = job, dotted.split(".")
+    for depth, part in enumerate(parts):
+        known = {f.name: f for f in dataclasses.fields(obj)}
+        prefix = ".".join(parts[:depth])
+        prefix = f"{prefix}." if prefix else ""
+        if part not in known:
+            raise ConfigError(f"{source}: unknown key '{dotted}'{_suggest(part, known, prefix)}")
+        current = getattr(obj, part)
+        last = depth == len(parts) - 1
+        if dataclasses.is_dataclass(current):
+            if last:
+                raise ConfigError(f"{source}: '{dotted}' is a section; set one of its keys, e.g. "
+                                  f"{dotted}.{dataclasses.fields(current)[0].name}=...")
+            obj = current
+            continue
+        if not last:
+            raise ConfigError(f"{source}: '{'.'.join(parts[:depth + 1])}' is a value, not a section")
+        hint = _hint(obj, part)
+        setattr(obj, part, _coerce(known[part], hint, _parse_cli_value(raw, hint), dotted, source))
+
+
+def _split_override(item: str) -> tuple[str, str]:
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set optim.lr=0.1")
+    return key.strip(), value.strip()
+
+
+def _parse_cli_value(raw: str, hint):
+    """Read a command-line value as TOML (numbers, booleans, lists); strings may go unquoted."""
+    if hint is str:
+        return raw[1:-1] if len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "\"'" else raw
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw  # _coerce reports it as the wrong type, naming the key
+
+
+# -- type and range checks ---------------------------------------------------------------------
+
+
+def _hint(obj, name: str):
+    """The declared type of field ``name`` of a config dataclass (annotations are strings here)."""
+    return typing.get_type_hints(type(obj))[name]
+
+
+_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+               dict: "a table", list: "a list"}
+
+
+def _coerce(f: dataclasses.Field, hint, value, key: str, source: str):
+    if typing.get_origin(hint) is list:
+        (item,) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise ConfigError(f"{source}: {key} = {value!r}: must be a list (of {_TYPE_WORDS[item]} each), "
+                              f"e.g. {_EXAMPLES[item]}")
+        out = [_coerce_scalar(item, v, f"{key}[{i}]", source) for i, v in enumerate(value)]
+        for i, v in enumerate(out):
+            _check_range(f, v, f"{key}[{i}]", source)
+        if f.metadata.get("nonempty") and not out:
+            raise ConfigError(f"{source}: {key} = []: must not be empty")
+        return out
+    value = _coerce_scalar(hint, value, key, source)
+    _check_range(f, value, key, source)
+    return value
+
+
+def _coerce_scalar(kind, value, key: str, source: str):
+    ok = {
+        bool: isinstance(value, bool),
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, (int, float)) and not isinstance(value, bool),
+        str: isinstance(value, str),
+        dict: isinstance(value, dict),
+    }[kind]
+    if not ok:
+        raise ConfigError(f"{source}: {key} = {value!r}: must be {_TYPE_WORDS[kind]}")
+    return float(value) if kind is float else value
+
+
+def _check_range(f: dataclasses.Field, value, key: str, source: str) -> None:
+    m = f.metadata
+    if "choices" in m and value not in m["choices"]:
+        raise ConfigError(f"{source}: {key} = {value!r}: must be one of {', '.join(m['choices'])}")
+    if "min" in m and value < m["min"]:
+        raise ConfigError(f"{source}: {key} = {value!r}: must be >= {m['min']}")
+    if "gt" in m and value <= m["gt"]:
+        raise ConfigError(f"{source}: {key} = {value!r}: must be > {m['gt']}")
+    if "max" in m and value > m["max"]:
+        raise ConfigError(f"{source}: {key} = {value!r}: must be <= {m['max']}")
+
+
+_EXAMPLES = {int: "[64, 32]", float: "[1.0, 3.0]", dict: "[{worker = 1, t1 = 5.0, t2 = 10.0, factor = 3.0}]"}
+
+
+def _suggest(key: str, known: dict, prefix: str) -> str:
+    close = difflib.get_close_matches(key, list(known), n=1)
+    hint = f"; did you mean '{prefix}{close[0]}'?" if close else ""
+    where = f"[{prefix[:-1]}]" if prefix else "the top level"
+    return f"{hint} (known keys in {where}: {', '.join(known)})"
+
+
+# -- checks across keys ------------------------------------------------------------------------
+
+
+def validate(job: JobConfig) -> None:
+    """Checks that involve more than one key (single values were checked when set)."""
+    if job.data.name in ("mnist", "fashion-mnist", "cifar10") and not job.data.root:
+        raise ConfigError(f"data.root = '': data.name = {job.data.name!r} needs data.root, the directory "
+                          f"with its files (nothing is downloaded)")
+    if job.data.name == "hdf5" and not job.data.path:
+        raise ConfigError("data.path = '': data.name = 'hdf5' needs data.path, an HDF5 file with datasets x and y")
+    if not (job.stop.iterations or job.stop.epochs or job.stop.seconds):
+        raise ConfigError("stop: iterations, epochs and seconds are all 0; set at least one, "
+                          "e.g. --set stop.iterations=200")
+    if job.optim.schedule == "cosine" and not (job.optim.total_steps or job.stop.iterations):
+        raise ConfigError("optim.schedule = 'cosine' needs optim.total_steps or stop.iterations")
+    job.straggler.phases = [_check_phase(p, f"straggler.phases[{i}]")
+                            for i, p in enumerate(job.straggler.phases)]
+
+
+def _check_phase(phase: dict, key: str) -> dict:
+    """One slow phase, its numbers typed (t1, t2, factor as floats)."""
+    if set(phase) != set(PHASE_KEYS):
+        raise ConfigError(f"{key} = {phase!r}: needs exactly the keys {', '.join(PHASE_KEYS)}")
+    phase = {name: _coerce_scalar(kind, phase[name], f"{key}.{name}", "job") for name, kind in PHASE_KEYS.items()}
+    if phase["worker"] < 0 or not phase["t1"] < phase["t2"] or phase["factor"] <= 0:
+        raise ConfigError(f"{key} = {phase!r}: needs worker >= 0, t1 < t2 and factor > 0")
+    return phase
+
+
+def check_workers(job: JobConfig, world_size: int) -> int:
+    """The number of workers for this launch (see ``sync.workers``)."""
+    if world_size == 1:
+        return job.sync.workers or 1
+    workers = world_size - 1
+    if job.sync.workers not in (0, workers):
+        raise ConfigError(f"sync.workers = {job.sync.workers}: this launch has {workers} workers "
+                          f"(world size {world_size} minus the server); use 0 or {workers}")
+    if len(job.straggler.slowdown) > workers:
+        raise ConfigError(f"straggler.slowdown = {job.straggler.slowdown}: more entries than the "
+                          f"{workers} workers")
+    for i, phase in enumerate(job.straggler.phases):
+        if phase["worker"] >= workers:
+            raise ConfigError(f"straggler.phases[{i}].worker = {phase['worker']}: workers are 0..{workers - 1}")
+    return workers
+
+
+# -- output ------------------------------------------------------------------------------------
+
+
+def to_dict(job: JobConfig) -> dict:
+    """The resolved job as plain data (for summary.json and the trace attributes)."""
+    return dataclasses.asdict(job)
+
+
+def to_toml(job: JobConfig) -> str:
+    """The resolved job as a TOML document (``python -m ebsp_mpi config`` prints it)."""
+    lines = []
+    for f in dataclasses.fields(job):
+        value = getattr(job, f.name)
+        if not dataclasses.is_dataclass(value):
+            lines.append(f"{f.name} = {_toml_value(value)}")
+    for f in dataclasses.fields(job):
+        section = getattr(job, f.name)
+        if dataclasses.is_dataclass(section):
+            lines.append(f"\n[{f.name}]")
+            for g in dataclasses.fields(section):
+                lines.append(f"{g.name} = {_toml_value(getattr(section, g.name))}"
+                             f"  # {g.metadata.get('help', '')}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + "}"
+    return repr(v)

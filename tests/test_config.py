@@ -1,0 +1,115 @@
+"""The job schema: defaults, TOML files, --set overrides and the one-line errors."""
+
+import pytest
+
+from ebsp_mpi.config import ConfigError, JobConfig, check_workers, load_job, to_toml
+
+
+def write(tmp_path, text):
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_embedded_default_is_the_digits_mlp():
+    job = load_job()
+    assert (job.data.name, job.model.kind, job.sync.model) == ("digits", "mlp", "bsp")
+    assert job.stop.epochs > 0
+
+
+def test_file_then_overrides_in_order(tmp_path):
+    path = write(tmp_path, 'name = "x"\n[optim]\nlr = 0.2\nmomentum = 0.5\n[model]\nhidden = [32, 16]\n')
+    job = load_job(path, ["optim.lr=0.3", "sync.model=ssp", "sync.staleness=0", "straggler.enabled=false"])
+    assert job.name == "x"
+    assert job.optim.lr == 0.3 and job.optim.momentum == 0.5
+    assert job.model.hidden == [32, 16]
+    assert job.sync.model == "ssp" and job.sync.staleness == 0
+    assert job.straggler.enabled is False
+
+
+def test_integers_are_accepted_where_numbers_are_expected():
+    job = load_job(None, ["optim.lr=1", "straggler.slowdown=[1, 3]"])
+    assert job.optim.lr == 1.0 and isinstance(job.optim.lr, float)
+    assert job.straggler.slowdown == [1.0, 3.0]
+
+
+def test_quoted_and_unquoted_strings():
+    assert load_job(None, ["sync.model=asp"]).sync.model == "asp"
+    assert load_job(None, ['sync.model="asp"']).sync.model == "asp"
+
+
+@pytest.mark.parametrize("override, words", [
+    ("optim.lr=-1", ["optim.lr", "-1", "> 0"]),
+    ("optim.lrr=0.1", ["optim.lrr", "did you mean 'optim.lr'"]),
+    ("nosuch.key=1", ["nosuch.key"]),
+    ("sync.model=bogus", ["sync.model", "bogus", "bsp", "elasticbsp"]),
+    ("data.batch_size=1.5", ["data.batch_size", "integer"]),
+    ("data.batch_size=0", ["data.batch_size", ">= 1"]),
+    ("stop.epochs=abc", ["stop.epochs", "number"]),
+    ("model.hidden=3", ["model.hidden", "list"]),
+    ("model.hidden=[]", ["model.hidden", "empty"]),
+    ("straggler.enabled=1", ["straggler.enabled", "true or false"]),
+    ("optim=1", ["optim", "section"]),
+    ("optim.lr.x=1", ["optim.lr", "not a section"]),
+    ("optim.lr", ["key=value"]),
+    ("straggler.phases=[{worker = 0}]", ["straggler.phases[0]", "t1"]),
+    ("straggler.phases=[{worker = 0, t1 = 5.0, t2 = 1.0, factor = 2.0}]", ["t1 < t2"]),
+])
+def test_bad_overrides_name_key_value_and_what_is_allowed(override, words):
+    with pytest.raises(ConfigError) as e:
+        load_job(None, [override])
+    message = str(e.value)
+    assert "\n" not in message
+    for word in words:
+        assert word in message
+
+
+def test_misspelt_key_in_file_names_the_file_and_key(tmp_path):
+    path = write(tmp_path, "[optim]\nmomentun = 0.5\n")
+    with pytest.raises(ConfigError, match=r"job.toml: unknown key 'optim.momentun'; did you mean 'optim.momentum'"):
+        load_job(path)
+
+
+def test_unknown_section_and_bad_toml(tmp_path):
+    with pytest.raises(ConfigError, match="unknown key 'optimizer'"):
+        load_job(write(tmp_path, "[optimizer]\nlr = 1.0\n"))
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_job(write(tmp_path, "[optim\nlr = 1.0\n"))
+    with pytest.raises(ConfigError, match="not found"):
+        load_job(str(tmp_path / "missing.toml"))
+
+
+def test_cross_key_checks():
+    with pytest.raises(ConfigError, match="data.root"):
+        load_job(None, ["data.name=mnist"])
+    with pytest.raises(ConfigError, match="data.path"):
+        load_job(None, ["data.name=hdf5"])
+    with pytest.raises(ConfigError, match="set at least one"):
+        load_job(None, ["stop.epochs=0"])
+    with pytest.raises(ConfigError, match="cosine"):
+        load_job(None, ["optim.schedule=cosine"])
+
+
+def test_phases_are_typed():
+    job = load_job(None, ["straggler.phases=[{worker = 1, t1 = 2, t2 = 4, factor = 3}]"])
+    assert job.straggler.phases == [{"worker": 1, "t1": 2.0, "t2": 4.0, "factor": 3.0}]
+
+
+def test_check_workers_against_world_size():
+    job = JobConfig()
+    assert check_workers(job, 1) == 1
+    assert check_workers(job, 5) == 4
+    job.sync.workers = 3
+    assert check_workers(job, 1) == 3
+    with pytest.raises(ConfigError, match="this launch has 4 workers"):
+        check_workers(job, 5)
+    job = load_job(None, ["straggler.slowdown=[1, 1, 3]"])
+    with pytest.raises(ConfigError, match="straggler.slowdown"):
+        check_workers(job, 3)
+
+
+def test_to_toml_round_trips(tmp_path):
+    job = load_job(None, ["optim.lr=0.3", "model.hidden=[7]", "straggler.phases=[{worker=0,t1=1,t2=2,factor=3}]",
+                          "data.root=C:\\\\x \"y\""])
+    again = load_job(write(tmp_path, to_toml(job)))
+    assert again == job
