@@ -6,7 +6,7 @@ writer, :mod:`.reader` the numpy-level reader.
 
 from .reader import TraceError, TraceFile, read_run, read_trace
 from .schema import SCHEMA_VERSION, TABLES
-from .writer import TraceWriter, trace_path
+from .writer import NullTrace, TraceWriter, open_trace, trace_path
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -14,6 +14,8 @@ __all__ = [
     "TraceError",
     "TraceFile",
     "TraceWriter",
+    "NullTrace",
+    "open_trace",
     "read_run",
     "read_trace",
     "trace_path",

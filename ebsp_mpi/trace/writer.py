@@ -240,3 +240,30 @@ class TraceWriter:
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"TraceWriter({str(self.path)!r}, {state})"
+
+
+class NullTrace:
+    """Stands in for a :class:`TraceWriter` when tracing is off (``trace.enabled = false``)."""
+
+    def append(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def set_attrs(self, **attrs: Any) -> None:
+        pass
+
+    def maybe_flush(self) -> bool:
+        return False
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def open_trace(out_dir: str | os.PathLike, rank: int, attrs: dict, *, enabled: bool = True,
+               flush_seconds: float = 2.0) -> TraceWriter | NullTrace:
+    """The trace of `rank` in the run directory `out_dir`, or a :class:`NullTrace` when disabled."""
+    if not enabled:
+        return NullTrace()
+    return TraceWriter(trace_path(out_dir, rank), attrs, flush_seconds=flush_seconds)

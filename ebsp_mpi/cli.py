@@ -1,0 +1,94 @@
+"""Command line: ``python -m ebsp_mpi {train,config,sweep} ...``.
+
+Errors a person can fix (a bad job value, a missing dataset file, an unusable backend) print one line
+and exit with code 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from .config import check_workers, load_job, to_toml
+from .errors import UsageError
+
+EXIT_USAGE = 2
+
+
+def main(argv=None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
+                        format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    try:
+        return args.run(args)
+    except (UsageError, FileExistsError) as e:
+        return _usage_error(e)
+
+
+def _usage_error(e: Exception) -> int:
+    from .runtime.env import rank_from_env
+
+    # under mpiexec every rank reads the same job and fails the same way: one line is enough
+    if rank_from_env() == 0:
+        print(f"ebsp_mpi: error: {e}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m ebsp_mpi",
+                                     description="Parameter-server training over MPI with BSP, ASP, SSP, "
+                                                 "DSSP and ElasticBSP synchronization.")
+    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    train = sub.add_parser("train", help="train a job (under mpiexec: rank 0 serves, the rest are workers)")
+    _job_args(train)
+    train.add_argument("--out", metavar="DIR", help="run directory (default runs/<name>-<timestamp>)")
+    train.set_defaults(run=_train)
+
+    config = sub.add_parser("config", help="print the resolved job as TOML (the embedded default without JOB)")
+    _job_args(config)
+    config.set_defaults(run=_config)
+
+    from . import sweep  # standard library only until a sweep runs
+
+    sweep.add_parser(sub)
+    return parser
+
+
+def _job_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("job", nargs="?", metavar="JOB.toml", help="job file (default: the embedded default job)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a job key, e.g. --set sync.model=ssp --set optim.lr=0.1 (repeatable)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+
+
+def _config(args) -> int:
+    sys.stdout.write(to_toml(load_job(args.job, args.overrides)))
+    return 0
+
+
+def _train(args) -> int:
+    from .runtime.env import world_size_from_env
+
+    job = load_job(args.job, args.overrides)
+    world_size = world_size_from_env()
+    workers = check_workers(job, world_size)
+    if world_size > 1:
+        from .runtime.launch import run_mpi
+
+        return run_mpi(job, args.out, show_progress=not args.quiet)
+
+    from . import local
+    from .outputs import make_run_dir
+
+    run_dir = make_run_dir(args.out, job.name)
+    summary = local.train(job, run_dir, workers, show_progress=not args.quiet)
+    _report(summary, run_dir)
+    return 0
+
+
+def _report(summary: dict, run_dir) -> None:
+    print(f"{summary['sync']}: {summary['workers']} worker(s), {summary['wall_seconds']:.1f} s, "
+          f"test accuracy {summary['test_accuracy']:.4f}, test loss {summary['test_loss']:.4f} -> {run_dir}")

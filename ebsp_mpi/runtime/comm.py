@@ -1,0 +1,204 @@
+"""MPI set-up shared by the server and the workers: the library's communicator, node-local rank,
+one time axis for all ranks, polling without burning a core, and aborting the job on failure."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+from ..errors import UsageError
+
+log = logging.getLogger(__name__)
+
+CLOCK_TAG = 3
+CLOCK_ROUNDS = 8
+
+
+class JobFailure(RuntimeError):
+    """An expected way for a run to fail (a stalled worker): reported in one line, no traceback."""
+
+
+@dataclass
+class Context:
+    """Where this process stands in the job.
+
+    Attributes
+    ----------
+    comm : MPI.Comm
+        A duplicate of ``COMM_WORLD``: the library's traffic never matches a user's messages.
+    rank, size : int
+        Rank and world size; rank 0 is the server, ranks 1..size-1 are workers 0..size-2.
+    local_rank : int
+        Rank among the processes on this node (picks the GPU).
+    clock_offset : float
+        Seconds to add to this rank's ``perf_counter`` to read rank 0's (measured at start-up).
+    t0 : float
+        Rank 0's ``perf_counter`` at the run's start: :meth:`now` counts from it.
+    """
+
+    comm: MPI.Comm
+    rank: int
+    size: int
+    local_rank: int
+    clock_offset: float = 0.0
+    t0: float = 0.0
+
+    @property
+    def workers(self) -> int:
+        return self.size - 1
+
+    def now(self) -> float:
+        """Seconds since the run's start on rank 0's clock (the time axis of every trace)."""
+        return time.perf_counter() + self.clock_offset - self.t0
+
+    @property
+    def host(self) -> str:
+        return socket.gethostname()
+
+
+def setup() -> Context:
+    """Duplicate the world communicator, find the node-local rank and put all ranks on one clock."""
+    _survive_peer_failure_notices()
+    comm = MPI.COMM_WORLD.Dup()
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    ctx = Context(comm=comm, rank=comm.Get_rank(), size=comm.Get_size(), local_rank=local.Get_rank())
+    local.Free()
+    ctx.clock_offset = _measure_clock_offset(comm)
+    ctx.t0 = comm.bcast(time.perf_counter() if ctx.rank == 0 else None, root=0)
+    return ctx
+
+
+class PeerFailure(JobFailure):
+    """The launcher reported a dead rank, and this rank found which one."""
+
+
+#: called (on rank 0) when the launcher signals that a process failed; see :func:`watch_peers`
+_peers: list[tuple[str, int]] = []
+
+
+def _survive_peer_failure_notices() -> None:
+    """Keep running when the launcher announces that another rank died, and name the dead rank.
+
+    MPICH's Hydra, run with ``-disable-auto-cleanup``, sends SIGUSR1 to the surviving ranks when one
+    dies. Python's default action for SIGUSR1 ends the process, so every survivor would vanish without a
+    word. Instead rank 0 looks up which rank's process is gone (those on its own node, by PID) and raises
+    :class:`PeerFailure` naming it, which aborts the job; for ranks on other nodes the server's watchdog
+    names the silent worker after ``runtime.stall_timeout_s``.
+    """
+    if not hasattr(signal, "SIGUSR1"):
+        return
+
+    def notice(signum, frame):
+        here = [rank for rank, (host, _) in enumerate(_peers) if host == socket.gethostname()]
+        for _ in range(50):  # the notice can come while the dead process is still being torn down
+            dead = [rank for rank in here if _process_gone(_peers[rank][1])]
+            if dead or not here:
+                break
+            time.sleep(0.01)
+        if dead:
+            raise PeerFailure("; ".join(f"rank {r} ({'server' if r == 0 else f'worker {r - 1}'}, pid "
+                                        f"{_peers[r][1]} on {_peers[r][0]}) died" for r in dead))
+        log.warning("the MPI launcher signalled a failed process (SIGUSR1); the server's watchdog names a "
+                    "silent worker after runtime.stall_timeout_s")
+
+    signal.signal(signal.SIGUSR1, notice)
+
+
+def watch_peers(procs: list[tuple[str, int]]) -> None:
+    """Rank 0: remember every rank's (host, pid) to name a dead one when the launcher signals it."""
+    _peers[:] = procs
+
+
+def _process_gone(pid: int) -> bool:
+    """True when `pid` no longer runs (exited, or a zombie its parent has not reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+    except OSError:  # no /proc (macOS): signal 0 only tells whether the PID exists
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+
+def _measure_clock_offset(comm: MPI.Comm) -> float:
+    """Each worker's offset to rank 0's ``perf_counter`` by ping-pong (Cristian's method).
+
+    The estimate from the round trip with the smallest delay is kept; its error is at most half that
+    round trip (microseconds on a node, tens of microseconds across a fast network).
+    """
+    buf = np.zeros(1, dtype=np.float64)
+    if comm.Get_rank() == 0:
+        for worker_rank in range(1, comm.Get_size()):
+            for _ in range(CLOCK_ROUNDS):
+                comm.Recv(buf, source=worker_rank, tag=CLOCK_TAG)
+                buf[0] = time.perf_counter()
+                comm.Send(buf, dest=worker_rank, tag=CLOCK_TAG)
+        return 0.0
+    best_rtt, offset = float("inf"), 0.0
+    for _ in range(CLOCK_ROUNDS):
+        ta = time.perf_counter()
+        comm.Send(buf, dest=0, tag=CLOCK_TAG)
+        comm.Recv(buf, source=0, tag=CLOCK_TAG)
+        tb = time.perf_counter()
+        if tb - ta < best_rtt:
+            best_rtt, offset = tb - ta, float(buf[0]) - (ta + tb) / 2
+    return offset
+
+
+def mpi_library() -> str:
+    """The MPI library's first version line, e.g. ``MPICH Version: 4.2.0``."""
+    return MPI.Get_library_version().strip().splitlines()[0].strip()
+
+
+class Backoff:
+    """Sleep a little longer each time a poll finds nothing, from `first_s` up to `max_s`.
+
+    Blocking MPI waits spin on a core; with more ranks than cores (5 ranks on a 2-core laptop) a
+    spinning server steals the workers' compute. Polling with a short sleep costs at most `max_s` of
+    latency on an idle rank and nothing on a busy one.
+    """
+
+    def __init__(self, first_s: float = 2e-5, max_s: float = 1e-3):
+        self.first_s, self.max_s = first_s, max_s
+        self.delay = first_s
+
+    def reset(self) -> None:
+        self.delay = self.first_s
+
+    def idle(self) -> None:
+        time.sleep(self.delay)
+        self.delay = min(self.max_s, self.delay * 2)
+
+
+def wait_all(requests, backoff: Backoff) -> None:
+    """Complete `requests` (a list) by polling with back-off instead of spinning in ``Waitall``."""
+    backoff.reset()
+    while not MPI.Request.Testall(requests):
+        backoff.idle()
+
+
+def abort(ctx: Context | None, exc: BaseException) -> None:
+    """Print which rank failed and why, then take the whole job down (never leave ranks hanging)."""
+    rank = ctx.rank if ctx is not None else MPI.COMM_WORLD.Get_rank()
+    role = "server" if rank == 0 else f"worker {rank - 1}"
+    if isinstance(exc, (UsageError, KeyboardInterrupt, JobFailure)):
+        text = f"ebsp_mpi: rank {rank} ({role}) stopped: {type(exc).__name__}: {exc}\n"
+    else:
+        text = "".join(traceback.format_exception(exc)) + \
+            f"ebsp_mpi: rank {rank} ({role}) failed: {type(exc).__name__}: {exc}\n"
+    sys.stderr.write(text)
+    sys.stderr.flush()
+    MPI.COMM_WORLD.Abort(2 if isinstance(exc, UsageError) else 1)

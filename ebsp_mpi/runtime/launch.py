@@ -1,0 +1,88 @@
+"""Entry of ``mpiexec -n N python -m ebsp_mpi train``: set up, run the role of this rank, shut down.
+
+Failure handling (DESIGN.md, "Launch and failure"):
+
+- during set-up (loading the dataset, building the model, opening traces) every rank reports its
+  outcome in one ``allgather``; if any rank failed, rank 0 prints the first error and every rank exits
+  with code 2 (bad input) or 1 — cleanly, without ``MPI_Abort``;
+- once training runs, an exception on any rank prints the rank and the message and calls
+  ``MPI_Abort``, which ends every rank of the job with a non-zero exit code instead of leaving the
+  others blocked in a receive.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from ..config import JobConfig
+from ..errors import UsageError
+from ..outputs import make_run_dir
+from . import comm as mpi
+
+log = logging.getLogger(__name__)
+
+
+def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True) -> int:
+    """Run this rank's part of the job; returns the process exit code."""
+    ctx = mpi.setup()
+    if ctx.rank != 0:
+        logging.getLogger().setLevel(logging.WARNING)
+    # a launcher that kills the job when one rank dies may name only its PID: this maps PIDs to ranks
+    procs = ctx.comm.gather((ctx.host, os.getpid()), root=0)
+    if ctx.rank == 0:
+        mpi.watch_peers(procs)
+        log.info("ranks: %s", ", ".join(f"{r} ({'server' if r == 0 else f'worker {r - 1}'}) pid {pid} on {host}"
+                                        for r, (host, pid) in enumerate(procs)))
+    role, error = None, None
+    try:
+        run_dir = _run_dir(ctx, job, out)
+        if ctx.rank == 0:
+            from .server import Server
+
+            role = Server(ctx, job, run_dir, show_progress=show_progress)
+        else:
+            from .worker import Worker
+
+            role = Worker(ctx, job, run_dir)
+    except Exception as e:
+        error = (2, f"{e}") if isinstance(e, (UsageError, FileExistsError)) else \
+            (1, f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+    errors = ctx.comm.allgather(error)
+    failed = [(rank, e) for rank, e in enumerate(errors) if e is not None]
+    if failed:
+        if ctx.rank == 0:
+            rank, (code, text) = failed[0]
+            where = "server" if rank == 0 else f"worker {rank - 1}"
+            print(f"ebsp_mpi: error on rank {rank} ({where}): {text}", file=sys.stderr)
+        return max(code for _, (code, _) in failed)
+
+    try:
+        if ctx.rank == 0:
+            summary = role.run()
+            print(f"{summary['sync']}: {summary['workers']} workers, {summary['wall_seconds']:.1f} s, "
+                  f"test accuracy {summary['test_accuracy']:.4f}, test loss {summary['test_loss']:.4f}, "
+                  f"{summary['rejected_pushes']} rejected pushes -> {role.run_dir}")
+        else:
+            ctx.comm.gather(role.run(), root=0)
+        ctx.comm.Barrier()
+    except BaseException as e:  # noqa: BLE001 - any failure must take the whole job down
+        mpi.abort(ctx, e)
+    return 0
+
+
+def _run_dir(ctx, job: JobConfig, out: str | None) -> Path:
+    """Rank 0 creates the run directory (refusing a non-empty one); every rank learns its path."""
+    path, error = None, None
+    if ctx.rank == 0:
+        try:
+            path = str(make_run_dir(out, job.name))
+        except FileExistsError as e:
+            error = str(e)
+    path, error = ctx.comm.bcast((path, error), root=0)
+    if error:
+        raise FileExistsError(error)
+    return Path(path)

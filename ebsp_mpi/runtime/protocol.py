@@ -1,0 +1,82 @@
+"""The wire protocol between the parameter server (rank 0) and the workers (ranks 1..N-1).
+
+One place names every tag and lays out every message; both sides build their buffers from here.
+Nothing in this module calls MPI, so the layout is tested without it.
+
+A worker's iteration, as messages (DESIGN.md, "Parameters on the wire"):
+
+- **push** (worker -> server): the gradient, one message per chunk of the ``ParamSpace`` gradient
+  buffer (tag ``CHUNK_TAG0 + k``), then a header (``PUSH_TAG``) of :data:`PUSH_FIELDS`. The header
+  completes the push; the server acts on a push only when every chunk and the header have arrived.
+- **pull reply** (server -> worker): a header (``PULL_TAG``) of :data:`PULL_FIELDS`, then the weights,
+  chunked like the gradient. A worker's next push implies its next pull request, so there is no
+  separate request message.
+
+Chunks follow the tensors (last layer's tensors last), and a tensor larger than ``chunk_bytes`` is split,
+so a layer's gradient can go out as soon as its backward is done (Poseidon's wait-free backpropagation).
+Headers are float64 arrays: every integer field is exact below 2**53.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+PUSH_TAG = 1
+PULL_TAG = 2
+CHUNK_TAG0 = 100
+
+#: push header: iteration (0-based index of this worker's iteration), the model version the gradient was
+#: computed from, the minibatch loss, the injected straggler delay (s), epochs of its shard done
+PUSH_FIELDS = ("iteration", "version", "loss", "injected_delay_s", "epoch")
+#: pull reply header: the model version of the weights that follow, 1 when the worker must stop
+PULL_FIELDS = ("version", "stop")
+
+
+def header(fields: tuple[str, ...]) -> np.ndarray:
+    """A zeroed header buffer for `fields`."""
+    return np.zeros(len(fields), dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A contiguous piece of the flat parameter (or gradient) buffer: elements [start, stop)."""
+
+    start: int
+    stop: int
+    tag: int
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+
+def plan_chunks(tensor_bounds: list[tuple[int, int]], itemsize: int, chunk_bytes: int,
+                tag_ub: int = 32767) -> list[Chunk]:
+    """Split the flat buffer into messages: one per tensor, big tensors in pieces of <= chunk_bytes.
+
+    Parameters
+    ----------
+    tensor_bounds : list of (offset, size)
+        The tensors of the ``ParamSpace``, in buffer order, in elements.
+    itemsize : int
+        Bytes per element (4 for float32).
+    chunk_bytes : int
+        Largest message in bytes (``runtime.chunk_bytes``).
+    tag_ub : int
+        The MPI implementation's largest tag (``MPI.TAG_UB``; the standard guarantees 32767).
+    """
+    per_chunk = max(1, chunk_bytes // itemsize)
+    chunks: list[Chunk] = []
+    for offset, size in tensor_bounds:
+        for start in range(offset, offset + size, per_chunk):
+            chunks.append(Chunk(start, min(start + per_chunk, offset + size), CHUNK_TAG0 + len(chunks)))
+    if chunks and chunks[-1].tag > tag_ub:
+        raise ValueError(f"{len(chunks)} messages per push exceed the MPI tag limit {tag_ub}; "
+                         f"raise runtime.chunk_bytes (now {chunk_bytes})")
+    return chunks
+
+
+class ProtocolError(RuntimeError):
+    """A message of unexpected size, tag or content (the run stops rather than hangs)."""

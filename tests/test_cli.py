@@ -1,0 +1,100 @@
+"""The command line as a user meets it: one-line errors with exit code 2, and a full default run."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ebsp_mpi.outputs import read_model
+
+
+def run(*args, cwd=None, timeout=120):
+    return subprocess.run([sys.executable, "-m", "ebsp_mpi", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["train", "--set", "optim.lr=-1"], ["optim.lr", "> 0"]),
+    (["train", "--set", "data.name=mnist"], ["data.root"]),
+    (["train", "--set", "data.name=mnist", "--set", "data.root=/no/such/dir"], ["/no/such/dir"]),
+    (["train", "--set", "backend=cupy"], ["cupy"]),
+])
+def test_usage_errors_are_one_line_with_exit_code_2(args, words, tmp_path, monkeypatch):
+    monkeypatch.delenv("EBSP_BACKEND", raising=False)
+    if "backend=cupy" in args:
+        pytest.importorskip("numpy")
+        try:
+            import cupy  # noqa: F401
+            pytest.skip("CuPy is installed here; the error path needs a machine without it")
+        except ImportError:
+            pass
+    p = run(*args, "--out", str(tmp_path / "out"))
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ebsp_mpi: error:"), p.stderr
+    for word in words:
+        assert word in lines[0]
+
+
+def test_misspelt_key_in_job_file(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text("[optim]\nlearning_rate = 0.1\n")
+    p = run("train", str(job))
+    assert p.returncode == 2
+    assert p.stderr.count("\n") == 1 and "optim.learning_rate" in p.stderr
+
+
+def test_existing_output_directory_is_not_overwritten(tmp_path):
+    (tmp_path / "keep.txt").write_text("earlier run")
+    p = run("train", "--out", str(tmp_path))
+    assert p.returncode == 2 and "not empty" in p.stderr
+    assert (tmp_path / "keep.txt").read_text() == "earlier run"
+
+
+def test_config_prints_a_job_that_loads_again(tmp_path):
+    p = run("config", "--set", "optim.lr=0.25")
+    assert p.returncode == 0
+    job = tmp_path / "job.toml"
+    job.write_text(p.stdout)
+    again = run("config", str(job))
+    assert again.stdout == p.stdout and "lr = 0.25" in p.stdout
+
+
+def test_default_job_trains_the_mlp_to_95_percent(tmp_path):
+    """The README's first command at world size 1: MLP on digits, summary.json and model.h5."""
+    p = run("train", "--out", str(tmp_path / "run"), "--quiet")
+    assert p.returncode == 0, p.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["test_accuracy"] >= 0.95
+    for key in ("sync", "workers", "wall_seconds", "iterations", "wait_seconds", "barriers", "rejected_pushes",
+                "test_loss", "test_accuracy", "samples_per_second", "time_to_accuracy"):
+        assert key in summary
+    assert set(summary["time_to_accuracy"]) == {"0.9", "0.95"}
+    tensors, attrs = read_model(tmp_path / "run" / "model.h5")
+    assert attrs["version"] == summary["iterations"][0]
+    assert all(np.isfinite(t).all() for t in tensors.values())
+    assert "dense1.W" in tensors or len(tensors) >= 4
+
+
+def test_jobs_files_load():
+    from pathlib import Path
+
+    from ebsp_mpi.config import load_job
+
+    jobs = sorted((Path(__file__).parents[1] / "jobs").rglob("*.toml"))
+    jobs = [j for j in jobs if "sweeps" not in j.parts]
+    assert jobs
+    for job in jobs:
+        load_job(str(job))
+
+
+def test_cnn_job_on_digits_reaches_95_percent(tmp_path):
+    from pathlib import Path
+
+    job = Path(__file__).parents[1] / "jobs" / "digits-cnn.toml"
+    p = run("train", str(job), "--out", str(tmp_path / "run"), "--quiet")
+    assert p.returncode == 0, p.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["test_accuracy"] >= 0.95

@@ -1,0 +1,116 @@
+"""The runtime inside MPI (run as ``mpiexec -n 3 python -m pytest --only-mpi``).
+
+Each check that can fail on one rank alone is turned into a verdict every rank shares (a bcast from
+the rank that knows), so the ranks fail together instead of leaving the others blocked.
+"""
+
+import os
+import tempfile
+import time
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.mpi(min_size=3), pytest.mark.timeout(120)]
+
+
+@pytest.fixture
+def ctx():
+    from ebsp_mpi.runtime import comm
+
+    return comm.setup()
+
+
+def shared_tmpdir(ctx):
+    path = tempfile.mkdtemp(prefix="ebsp-mpi-test-") if ctx.rank == 0 else None
+    return ctx.comm.bcast(path, root=0)
+
+
+def test_ranks_share_one_clock(ctx):
+    ctx.comm.Barrier()
+    t = ctx.now()
+    times = ctx.comm.allgather(t)
+    # after a barrier every rank reads nearly the same run time; loose bound: ranks oversubscribe cores
+    assert max(times) - min(times) < 0.5
+    assert t >= 0.0
+    assert ctx.local_rank == ctx.comm.allgather(ctx.local_rank)[ctx.rank]
+    if ctx.rank == 0:
+        assert ctx.clock_offset == 0.0
+
+
+def test_node_local_ranks_are_distinct_on_one_node(ctx):
+    hosts = ctx.comm.allgather((ctx.host, ctx.local_rank))
+    mine = [lr for h, lr in hosts if h == ctx.host]
+    assert sorted(mine) == list(range(len(mine)))
+
+
+def test_bsp_run_in_process_equals_the_single_process_oracle(ctx):
+    """The whole runtime (server loop, persistent requests, policies) under pytest-mpi."""
+    from ebsp_mpi import local
+    from ebsp_mpi.config import load_job
+    from ebsp_mpi.outputs import read_model
+    from ebsp_mpi.runtime.launch import run_mpi
+
+    base = shared_tmpdir(ctx)
+    overrides = ["sync.model=bsp", "stop.iterations=15", "straggler.enabled=false", "optim.weight_decay=1e-4"]
+    job = load_job(None, overrides)
+    code = run_mpi(job, os.path.join(base, "mpi"), show_progress=False)
+    verdict = None
+    if ctx.rank == 0:
+        from pathlib import Path
+
+        oracle_dir = Path(base) / "oracle"
+        oracle_dir.mkdir()
+        local.train(load_job(None, overrides + [f"sync.workers={ctx.workers}"]), oracle_dir, ctx.workers,
+                    show_progress=False)
+        a, _ = read_model(Path(base) / "mpi" / "model.h5")
+        b, _ = read_model(oracle_dir / "model.h5")
+        verdict = max(float(np.abs(a[k] - b[k]).max()) for k in a) if sorted(a) == sorted(b) else "names differ"
+    verdict = ctx.comm.bcast(verdict, root=0)
+    assert code == 0
+    assert verdict == pytest.approx(0.0, abs=1e-5)
+
+
+def test_short_push_is_a_protocol_error_not_a_hang(ctx):
+    """A message of the wrong size from a worker makes the server raise, naming the rank."""
+    from mpi4py import MPI
+
+    from ebsp_mpi.config import load_job
+    from ebsp_mpi.runtime.protocol import ProtocolError
+    from ebsp_mpi.runtime.server import Server
+
+    job = load_job(None, ["stop.iterations=5", "trace.enabled=false"])
+    run_dir = shared_tmpdir(ctx)
+    message = None
+    if ctx.rank == 0:
+        from pathlib import Path
+
+        server = Server(ctx, job, Path(run_dir), show_progress=False)
+        server._decide(server.policy.start(0.0), 0.0)
+        deadline = time.monotonic() + 30
+        try:
+            while time.monotonic() < deadline:
+                server._serve_pushes()
+                server._complete_replies()
+        except ProtocolError as e:
+            message = str(e)
+        for r in server.recvs:  # leave no receive posted behind
+            if r.Test() is False:
+                r.Cancel()
+                r.Wait()
+        for reply in server.replies:
+            MPI.Request.Waitall(reply.requests)
+    else:
+        # a real worker receives the initial weights; then rank 1 sends a first chunk one value short
+        from pathlib import Path
+
+        from ebsp_mpi.runtime.protocol import CHUNK_TAG0
+        from ebsp_mpi.runtime.worker import Worker
+
+        worker = Worker(ctx, job, Path(run_dir))
+        MPI.Prequest.Startall(worker.pulls)
+        MPI.Request.Waitall(worker.pulls)
+        if ctx.rank == 1:
+            ctx.comm.Send([np.zeros(3, np.float32), MPI.FLOAT], 0, CHUNK_TAG0)
+    message = ctx.comm.bcast(message, root=0)
+    assert message is not None and "rank 1" in message and "expected" in message
