@@ -125,7 +125,7 @@ def read_trace(path: str | os.PathLike, *, live: bool = False) -> TraceFile:
     except OSError as err:
         hint = (
             "; is a running rank still writing it? read it with live=True"
-            if "lock" in str(err) and not live
+            if "unable to lock file" in str(err) and not live
             else " (truncated, or not an HDF5 file?)"
         )
         raise TraceError(f"cannot open trace file {path}: {err}{hint}") from None

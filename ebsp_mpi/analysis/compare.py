@@ -1,0 +1,271 @@
+"""Time to each accuracy target and final accuracy per run, and their ratio to the BSP run.
+
+Times come from ``summary.json``'s ``time_to_accuracy``: the first wall second (rank 0's clock) at
+which the periodic test evaluation reached the target, so they are known to ``eval.every_seconds``.
+A run that never reached a target counts as infinitely slow for it: medians over seeds stay defined
+while fewer than half of the seeds missed it.
+
+The ratio of a run is its time over the BSP run's time with the same seed (the median BSP time when
+no BSP run has that seed); below 1 is faster than BSP. Per label (a sweep member over several seeds)
+the table gives the median time over seeds and the median and list of the per-seed ratios.
+
+Standard library only: a sweep writes its comparison without the ``analysis`` extra.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .runs import RunInfo
+
+INF = math.inf
+
+
+@dataclass
+class RunRow:
+    """One run: final test accuracy, wall seconds, time to each target and ratio to BSP."""
+
+    info: RunInfo
+    final_accuracy: float | None
+    wall_seconds: float | None
+    times: dict = field(default_factory=dict)    # target -> seconds, inf if never reached
+    ratios: dict = field(default_factory=dict)   # target -> time / BSP time, None if undefined
+
+
+@dataclass
+class GroupRow:
+    """One label over its seeds: medians, and the per-seed ratios to BSP."""
+
+    label: str
+    model: str
+    seeds: list
+    failed: int
+    final_accuracy: float | None
+    times: dict = field(default_factory=dict)       # target -> median seconds (inf: most never reached)
+    reached: dict = field(default_factory=dict)     # target -> seeds that reached it
+    ratio: dict = field(default_factory=dict)       # target -> median of the per-seed ratios
+    seed_ratios: dict = field(default_factory=dict)  # target -> [ratio or None per seed]
+
+
+@dataclass
+class Comparison:
+    targets: list
+    runs: list
+    groups: list
+    reference: str | None   # label of the BSP runs the ratios divide by
+    eval_every: float | None = None
+
+    @property
+    def several_seeds(self) -> bool:
+        return any(len(g.seeds) > 1 for g in self.groups)
+
+
+def _targets(infos: list[RunInfo]) -> list[float]:
+    keys = {float(k) for r in infos for k in (r.summary.get("time_to_accuracy") or {})}
+    return sorted(keys)
+
+
+def _time(info: RunInfo, target: float) -> float | None:
+    """Seconds to ``target``; inf if never reached; None if the run did not finish."""
+    if not info.finished:
+        return None
+    for key, value in (info.summary.get("time_to_accuracy") or {}).items():
+        if float(key) == target:
+            return INF if value is None else float(value)
+    return None  # the run did not have this target in eval.targets
+
+
+def _median(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _ratio(t: float | None, ref: float | None) -> float | None:
+    if t is None or ref is None or math.isinf(ref) or ref <= 0:
+        return None
+    return t / ref  # inf when the run never reached the target
+
+
+def _reference_label(infos: list[RunInfo], reference: str | None) -> str | None:
+    if reference is not None:
+        if reference not in {r.label for r in infos}:
+            raise ValueError(f"reference label {reference!r} is not among the runs' labels "
+                             f"{sorted({r.label for r in infos})}")
+        return reference
+    bsp = [r.label for r in infos if r.model == "bsp"]
+    if not bsp:
+        return None
+    return "bsp" if "bsp" in bsp else bsp[0]
+
+
+def compare(infos: list[RunInfo], reference: str | None = None) -> Comparison:
+    """Build the comparison of ``infos`` (see :func:`ebsp_mpi.analysis.runs.load_infos`).
+
+    Parameters
+    ----------
+    infos : list of RunInfo
+    reference : str, optional
+        Label of the runs to divide by; default the BSP runs (label ``bsp`` if there is one).
+    """
+    targets = _targets(infos)
+    ref_label = _reference_label(infos, reference)
+    ref_runs = [r for r in infos if r.label == ref_label and r.finished]
+    ref_by_seed = {t: {r.seed: _time(r, t) for r in ref_runs} for t in targets}
+    ref_median = {t: _median(list(ref_by_seed[t].values())) for t in targets}
+
+    rows = []
+    for info in infos:
+        times = {t: _time(info, t) for t in targets}
+        ref = {t: ref_by_seed[t].get(info.seed, ref_median[t]) for t in targets}
+        s = info.summary
+        rows.append(RunRow(info=info, final_accuracy=s.get("test_accuracy"), wall_seconds=s.get("wall_seconds"),
+                           times=times, ratios={t: _ratio(times[t], ref[t]) for t in targets}))
+
+    groups = []
+    for label in dict.fromkeys(r.info.label for r in rows):
+        members = [r for r in rows if r.info.label == label]
+        done = [r for r in members if r.info.finished]
+        groups.append(GroupRow(
+            label=label, model=members[0].info.model, seeds=[r.info.seed for r in members],
+            failed=len(members) - len(done),
+            final_accuracy=_median([r.final_accuracy for r in done]),
+            times={t: _median([r.times[t] for r in done]) for t in targets},
+            reached={t: sum(1 for r in done if r.times[t] is not None and not math.isinf(r.times[t]))
+                     for t in targets},
+            ratio={t: _median([r.ratios[t] for r in done]) for t in targets},
+            seed_ratios={t: [r.ratios[t] for r in members] for t in targets},
+        ))
+    every = {(r.config.get("eval") or {}).get("every_seconds") for r in infos} - {None}
+    return Comparison(targets=targets, runs=rows, groups=groups, reference=ref_label,
+                      eval_every=every.pop() if len(every) == 1 else None)
+
+
+# -- text ---------------------------------------------------------------------------------------
+
+
+def _fmt_time(t: float | None) -> str:
+    if t is None:
+        return "—"
+    return "never" if math.isinf(t) else f"{t:.2f}"
+
+
+def _fmt_ratio(x: float | None) -> str:
+    if x is None:
+        return "—"
+    return "∞" if math.isinf(x) else f"{x:.2f}"
+
+
+def _fmt_acc(a: float | None) -> str:
+    return "—" if a is None else f"{a:.4f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _target_headers(cmp: Comparison, per_seed: bool = False) -> list[str]:
+    out = []
+    for t in cmp.targets:
+        out.append(f"time to {t:g} (s)")
+        if cmp.reference:
+            out.append(f"× {cmp.reference}")
+            if per_seed:
+                out.append(f"× {cmp.reference} per seed")
+    return out
+
+
+def to_markdown(cmp: Comparison) -> str:
+    """The comparison as Markdown: a per-label table (medians over seeds) when some label has several
+    seeds, then the per-run table, then notes on how the numbers were made."""
+    parts = []
+    if cmp.several_seeds:
+        header = ["model", "seeds", "final test accuracy (median)"] + _target_headers(cmp, per_seed=True)
+        rows = []
+        for g in cmp.groups:
+            row = [g.label, f"{len(g.seeds) - g.failed}" + (f" (+{g.failed} failed)" if g.failed else ""),
+                   _fmt_acc(g.final_accuracy)]
+            for t in cmp.targets:
+                n = len(g.seeds) - g.failed
+                reached = "" if g.reached[t] == n else f" ({g.reached[t]}/{n} reached)"
+                row.append(_fmt_time(g.times[t]) + reached)
+                if cmp.reference:
+                    row += [_fmt_ratio(g.ratio[t]), ", ".join(_fmt_ratio(x) for x in g.seed_ratios[t])]
+            rows.append(row)
+        parts += ["### Per model (median over seeds)", "", _table(header, rows), ""]
+    header = ["run", "model", "seed", "final test accuracy", "wall (s)"] + _target_headers(cmp)
+    rows = []
+    for r in cmp.runs:
+        info = r.info
+        if not info.finished:
+            rows.append([info.path.name, info.label, str(info.seed), f"failed: {info.problem}", "—"]
+                        + ["—"] * (len(header) - 5))
+            continue
+        row = [info.path.name, info.label, str(info.seed), _fmt_acc(r.final_accuracy),
+               "—" if r.wall_seconds is None else f"{r.wall_seconds:.1f}"]
+        for t in cmp.targets:
+            row.append(_fmt_time(r.times[t]))
+            if cmp.reference:
+                row.append(_fmt_ratio(r.ratios[t]))
+        rows.append(row)
+    parts += ["### Per run", "", _table(header, rows), ""]
+    notes = ["Time to a target: first wall second (rank 0's clock) at which the periodic test evaluation"
+             " reached that accuracy" + (f" (evaluated every {cmp.eval_every:g} s)" if cmp.eval_every else "")
+             + "; \"never\": not reached in the run."]
+    if cmp.reference:
+        notes.append(f"× {cmp.reference}: time over the {cmp.reference} run's time with the same seed "
+                     f"(below 1: faster than {cmp.reference}); ∞: this run never reached the target; "
+                     f"—: {cmp.reference} never reached it.")
+    else:
+        notes.append("No BSP run among these runs: no ratios.")
+    parts += [f"- {n}" for n in notes]
+    return "\n".join(parts) + "\n"
+
+
+def _csv_value(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return "inf" if math.isinf(v) else repr(v)
+    return str(v)
+
+
+def write(cmp: Comparison, out_dir: str | Path, stem: str = "compare") -> list[Path]:
+    """Write ``<stem>.md``, ``<stem>.csv`` (per run) and ``<stem>-models.csv`` (per label) to ``out_dir``.
+
+    CSV cells: times in seconds, ``inf`` for never reached, empty for undefined.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    md = out / f"{stem}.md"
+    md.write_text(f"## Comparison of {len(cmp.runs)} run(s)\n\n" + to_markdown(cmp))
+
+    per_run = out / f"{stem}.csv"
+    with per_run.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["run", "path", "label", "model", "seed", "finished", "final_test_accuracy", "wall_seconds"]
+                   + [c for t in cmp.targets for c in (f"time_to_{t:g}_s", f"ratio_to_reference_{t:g}")])
+        for r in cmp.runs:
+            i = r.info
+            w.writerow([i.path.name, str(i.path), i.label, i.model, _csv_value(i.seed), int(i.finished),
+                        _csv_value(r.final_accuracy), _csv_value(r.wall_seconds)]
+                       + [_csv_value(x) for t in cmp.targets for x in (r.times[t], r.ratios[t])])
+
+    per_group = out / f"{stem}-models.csv"
+    with per_group.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["label", "model", "seeds", "failed", "median_final_test_accuracy"]
+                   + [c for t in cmp.targets for c in (f"median_time_to_{t:g}_s", f"reached_{t:g}",
+                                                       f"median_ratio_to_reference_{t:g}",
+                                                       f"ratios_to_reference_{t:g}")])
+        for g in cmp.groups:
+            w.writerow([g.label, g.model, " ".join(map(str, g.seeds)), g.failed, _csv_value(g.final_accuracy)]
+                       + [x for t in cmp.targets for x in (
+                           _csv_value(g.times[t]), g.reached[t], _csv_value(g.ratio[t]),
+                           " ".join(_csv_value(v) or "nan" for v in g.seed_ratios[t]))])
+    return [md, per_run, per_group]

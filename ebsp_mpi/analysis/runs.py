@@ -1,0 +1,202 @@
+"""Which directories are runs, and what each run is called (its label, sync model and seed).
+
+A *run directory* is what ``train --out DIR`` writes: ``summary.json`` and ``trace/``. A *sweep
+directory* is what ``sweep`` writes: a ``sweep.json`` manifest and one run directory per member. Every
+command of the analysis accepts either, or a parent directory holding several of them.
+
+Labels: a sweep member is labelled by its member name without the seed suffix (``ssp-s3`` for
+``ssp-s3-seed1``), so that the seeds of one member group together; any other run by its sync model and
+the parameters that define it (``ssp(s=3)``, ``elasticbsp(R=15)``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import UsageError
+from ..sync.registry import POLICIES
+
+#: name of the manifest a sweep writes in its output directory
+MANIFEST = "sweep.json"
+
+
+@dataclass
+class RunInfo:
+    """A run as the comparison sees it: its summary, label, sync model and seed.
+
+    Attributes
+    ----------
+    path : pathlib.Path
+    summary : dict
+        ``summary.json``; ``{}`` when the run did not finish (see ``problem``).
+    config : dict
+        The resolved job (from the summary, else from the server's trace attributes).
+    label : str
+        Group name: runs with one label are repetitions over seeds.
+    model : str
+        Sync model (``bsp``, ``asp``, ``ssp``, ``dssp``, ``elasticbsp``).
+    seed : int or None
+    problem : str or None
+        Why the summary is missing, naming the path; ``None`` for a finished run.
+    """
+
+    path: Path
+    summary: dict = field(default_factory=dict)
+    config: dict = field(default_factory=dict)
+    label: str = "?"
+    model: str = "?"
+    seed: int | None = None
+    problem: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.summary)
+
+
+def is_run_dir(path: Path) -> bool:
+    return path.is_dir() and ((path / "summary.json").is_file() or (path / "trace").is_dir())
+
+
+def is_sweep_dir(path: Path) -> bool:
+    return (path / MANIFEST).is_file()
+
+
+def find_runs(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    """The run directories named by ``paths`` (run, sweep or parent directories), in the order given.
+
+    A sweep directory gives its members in the manifest's order, including members whose directory
+    is missing (a failed or not yet run member), so that the comparison can name them.
+
+    Raises
+    ------
+    UsageError
+        When a path does not exist or holds no run.
+    """
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if not path.exists():
+            raise UsageError(f"{path}: no such directory (expected a run or sweep directory)")
+        if is_sweep_dir(path):
+            found += sweep_members(path)
+        elif is_run_dir(path):
+            found.append(path)
+        elif path.is_dir():
+            inner = sorted(p for p in path.iterdir() if is_run_dir(p) or is_sweep_dir(p))
+            if not inner:
+                raise UsageError(f"{path}: neither a run directory (summary.json, trace/) nor a sweep "
+                                 f"directory ({MANIFEST}), and none inside it")
+            found += find_runs(inner)
+        else:
+            raise UsageError(f"{path}: not a directory (expected a run or sweep directory)")
+    unique: list[Path] = []
+    for path in found:  # a run named twice (a sweep and one of its members) counts once
+        if path.resolve() not in {p.resolve() for p in unique}:
+            unique.append(path)
+    return unique
+
+
+def read_manifest(sweep_dir: Path) -> dict:
+    path = sweep_dir / MANIFEST
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise UsageError(f"{path}: unreadable sweep manifest ({err})") from None
+
+
+def sweep_members(sweep_dir: Path) -> list[Path]:
+    return [sweep_dir / m["dir"] for m in read_manifest(sweep_dir).get("members", [])]
+
+
+def model_label(config: dict) -> str:
+    """The sync model with the parameters that define it, e.g. ``ssp(s=3)`` or ``dssp(s=3,r=3)``."""
+    sync = config.get("sync", {})
+    model = sync.get("model", "?")
+    if model == "ssp":
+        return f"ssp(s={sync.get('staleness')})"
+    if model == "dssp":
+        return f"dssp(s={sync.get('staleness')},r={sync.get('dssp_range')})"
+    if model == "elasticbsp":
+        penalty = sync.get("penalty") or 0
+        return f"elasticbsp(R={sync.get('lookahead')}" + (f",λ={penalty:g})" if penalty else ")")
+    return model
+
+
+def _member_group(run_dir: Path) -> tuple[str | None, int | None]:
+    """(group, seed) of a sweep member from the manifest of the directory above it."""
+    parent = run_dir.parent
+    if not is_sweep_dir(parent):
+        return None, None
+    try:
+        members = read_manifest(parent).get("members", [])
+    except UsageError:
+        return None, None
+    for m in members:
+        if m.get("dir") == run_dir.name:
+            return m.get("group"), m.get("seed")
+    return None, None
+
+
+def _config_from_trace(run_dir: Path) -> dict:
+    from ..trace.reader import TraceError, read_trace
+
+    try:
+        return read_trace(run_dir / "trace" / "rank-0000.h5").config
+    except TraceError:
+        return {}
+
+
+def read_info(run_dir: str | os.PathLike) -> RunInfo:
+    """Read a run's summary and name it; a run without a readable summary gets a ``problem``."""
+    run_dir = Path(run_dir)
+    summary, problem = {}, None
+    path = run_dir / "summary.json"
+    if not run_dir.is_dir():
+        problem = f"{run_dir}: missing (the member failed before it started?)"
+    elif not path.is_file():
+        problem = f"{path}: missing (the run failed or was stopped)"
+    else:
+        try:
+            summary = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            problem = f"{path}: unreadable ({err})"
+    config = summary.get("config") or (_config_from_trace(run_dir) if run_dir.is_dir() else {})
+    group, seed = _member_group(run_dir)
+    model = summary.get("sync") or config.get("sync", {}).get("model", "?")
+    if seed is None:
+        seed = config.get("seed")
+    label = group or (model_label(config) if config else run_dir.name)
+    return RunInfo(path=run_dir, summary=summary, config=config, label=label, model=model, seed=seed,
+                   problem=problem)
+
+
+def model_rank(model: str) -> int:
+    """Position of a sync model in DESIGN.md's order (bsp, asp, ssp, dssp, elasticbsp); others last."""
+    return POLICIES.index(model) if model in POLICIES else len(POLICIES)
+
+
+def ordered(runs: Iterable[RunInfo]) -> list[RunInfo]:
+    """Runs sorted by sync model (DESIGN.md's order), then label, then seed; stable otherwise."""
+    return sorted(runs, key=lambda r: (model_rank(r.model), r.label, -1 if r.seed is None else r.seed))
+
+
+def distinct_labels(runs: Iterable[RunInfo]) -> list[RunInfo]:
+    """Make labels unique where two runs share (label, seed) but are different runs: append the
+    directory name, so no two runs are silently averaged as if they were seeds of one member."""
+    runs = list(runs)
+    seen: dict[tuple, int] = {}
+    for r in runs:
+        seen[(r.label, r.seed)] = seen.get((r.label, r.seed), 0) + 1
+    for r in runs:
+        if seen[(r.label, r.seed)] > 1:
+            r.label = f"{r.label} [{r.path.name}]"
+    return runs
+
+
+def load_infos(paths: Iterable[str | os.PathLike]) -> list[RunInfo]:
+    """:func:`read_info` of every run :func:`find_runs` names, ordered, with distinct labels."""
+    return ordered(distinct_labels(read_info(p) for p in find_runs(paths)))

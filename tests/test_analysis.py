@@ -1,0 +1,359 @@
+"""Analysis of finished runs: DataFrames from traces, damaged runs, comparison, report figures, Perfetto JSON.
+
+Runs are built here with the real TraceWriter (one file per rank) and a summary.json, with known numbers,
+so that every statistic can be checked exactly; a real MPI run is analysed in tests/test_sweep.py.
+"""
+
+import json
+import math
+import struct
+import warnings
+
+import numpy as np
+import pytest
+
+from ebsp_mpi.analysis import compare, perfetto
+from ebsp_mpi.analysis.runs import find_runs, load_infos, model_label
+from ebsp_mpi.errors import UsageError
+from ebsp_mpi.trace import TraceError, TraceWriter, trace_path
+
+pd = pytest.importorskip("pandas")
+pytest.importorskip("matplotlib")
+
+from ebsp_mpi.analysis import metrics  # noqa: E402 - needs pandas
+from ebsp_mpi.analysis.report import write_report  # noqa: E402
+from ebsp_mpi.trace.frames import load_run  # noqa: E402
+
+WORKERS = 4
+SLOW = 3  # worker 3 (rank 4) is three times slower
+COMPUTE = 0.002  # seconds of real compute per iteration
+BASE = 0.010  # seconds of emulated compute per iteration of a fast worker
+TARGETS = (0.9, 0.95)
+
+
+def _config(sync: str, seed: int) -> dict:
+    return {"name": "fake", "seed": seed,
+            "sync": {"model": sync, "staleness": 3, "dssp_range": 3, "lookahead": 15, "penalty": 0.0},
+            "eval": {"every_seconds": 0.1, "targets": list(TARGETS)},
+            "straggler": {"slowdown": [1.0, 1.0, 1.0, 3.0]}}
+
+
+def _accuracy(t: float, speed: float) -> float:
+    return 1.0 - 0.9 * math.exp(-speed * t)
+
+
+def make_run(path, sync="bsp", seed=0, speed=2.0, rounds=20, summary=True):
+    """A 4-worker run: BSP-like rounds (everyone released together when the slow worker pushes) for
+    bsp and elasticbsp (whose every 5th round is a recorded barrier), free-running workers otherwise.
+
+    Returns what the tables must show: per worker iterations and total wait.
+    """
+    cfg = _config(sync, seed)
+    world = WORKERS + 1
+    iterations = {w: [] for w in range(WORKERS)}
+    pushes, pulls = [], []
+    version = 0
+    lockstep = sync in ("bsp", "elasticbsp")
+    t_free = np.zeros(WORKERS)
+    for rnd in range(rounds):
+        round_start = rnd * (3 * BASE + 0.002)
+        for w in range(WORKERS):
+            n_here = 1 if lockstep or w == SLOW else 3  # fast workers do 3 iterations per slow one
+            for _ in range(n_here):
+                t0 = round_start if lockstep else t_free[w]
+                delay = (3 if w == SLOW else 1) * BASE - COMPUTE
+                t_ce = t0 + COMPUTE + delay
+                t_push = t_ce + 0.0001
+                t_end = (round_start + 3 * BASE + 0.002) if lockstep else t_push + 0.0005
+                i = len(iterations[w])
+                iterations[w].append((i, t0, t_ce, t_push, t_end, t_end - t_push, version, 1.0 / (i + 1),
+                                      delay, i / 50))
+                pushes.append((w, i, t_push + 0.00005, version, 0 if lockstep else w % 3, 0))
+                pulls.append((w, t_push + 0.00005, t_end, version + 1))
+                t_free[w] = t_end
+        version += 1
+    evals = [(0.1 * k, k, 0.5, _accuracy(0.1 * k, speed), 0.001) for k in range(1, 8)]
+    barriers, members = [], []
+    if sync == "elasticbsp":
+        for b, rnd in enumerate(range(4, rounds, 5)):
+            t_rel = rnd * (3 * BASE + 0.002) + 3 * BASE + 0.002
+            arrivals = [t_rel - 0.002 - (0 if w == SLOW else 2 * BASE) for w in range(WORKERS)]
+            barriers.append((b, t_rel - 0.05, t_rel, t_rel - 0.001, 0.015, max(arrivals) - min(arrivals)))
+            members += [(b, w, 1, t_rel - 0.001, arrivals[w]) for w in range(WORKERS)]
+
+    for rank in range(world):
+        attrs = {"run_id": path.name, "rank": rank, "role": "server" if rank == 0 else "worker",
+                 "world_size": world, "host": "test", "backend": "numpy", "device": "cpu",
+                 "mpi_library": "none", "package_version": "0", "config": cfg, "clock_offset_s": 0.0}
+        with TraceWriter(trace_path(path, rank), attrs) as tw:
+            if rank == 0:
+                for name, rows in (("pushes", pushes), ("pulls", pulls), ("evals", evals),
+                                   ("barriers", barriers), ("barrier_members", members)):
+                    for row in rows:
+                        tw.append(name, row)
+            else:
+                for row in iterations[rank - 1]:
+                    tw.append("iterations", row)
+    wall = max(r[4] for rows in iterations.values() for r in rows)
+    if summary:
+        tta = {}
+        for target in TARGETS:
+            hit = [t for t, _, _, acc, _ in evals if acc >= target]
+            tta[repr(target)] = hit[0] if hit else None
+        doc = {"name": "fake", "sync": sync, "workers": WORKERS, "wall_seconds": wall,
+               "iterations": [len(iterations[w]) for w in range(WORKERS)],
+               "wait_seconds": [sum(r[5] for r in iterations[w]) for w in range(WORKERS)],
+               "barriers": len(barriers) if sync == "elasticbsp" else (rounds if sync == "bsp" else 0),
+               "rejected_pushes": 0, "test_loss": 0.5, "test_accuracy": evals[-1][3],
+               "samples_per_second": 1000.0, "time_to_accuracy": tta, "config": cfg}
+        (path / "summary.json").write_text(json.dumps(doc))
+    return iterations
+
+
+# -- frames --------------------------------------------------------------------------------------
+
+
+def test_load_run_gives_one_frame_per_table_with_rank_and_phase_columns(tmp_path):
+    iterations = make_run(tmp_path / "run", "asp")
+    run = load_run(tmp_path / "run")
+    assert run.problems == []
+    assert run.sync == "asp" and run.seed == 0 and run.workers == WORKERS and run.world_size == WORKERS + 1
+    it = run.table("iterations")
+    assert set(it["rank"]) == {1, 2, 3, 4}
+    assert (it["worker"] == it["rank"] - 1).all()
+    assert len(it) == sum(len(v) for v in iterations.values())
+    slow = it[it["worker"] == SLOW]
+    np.testing.assert_allclose(slow["compute_s"], COMPUTE, atol=1e-9)
+    np.testing.assert_allclose(slow["delay_s"], 3 * BASE - COMPUTE)
+    np.testing.assert_allclose(slow["push_s"], 0.0001, atol=1e-9)
+    np.testing.assert_allclose(slow["iteration_s"], slow["t_end"] - slow["t_start"])
+    pushes = run.table("pushes")
+    assert (pushes["rank"] == 0).all() and len(pushes) == len(it)
+    # a table no rank wrote is an empty frame with the schema's columns
+    assert run.table("barriers").empty and "observed_spread" in run.table("barriers").columns
+    with pytest.raises(KeyError, match="known tables"):
+        run.table("nope")
+
+
+def test_truncated_and_missing_rank_files_are_named_and_the_rest_is_read(tmp_path):
+    make_run(tmp_path / "run", "bsp")
+    damaged = trace_path(tmp_path / "run", 2)
+    damaged.write_bytes(damaged.read_bytes()[:600])  # cut off mid-file
+    trace_path(tmp_path / "run", 3).unlink()
+    with pytest.warns(UserWarning) as caught:
+        run = load_run(tmp_path / "run")
+    text = " ".join(run.problems)
+    assert "rank-0002.h5" in text and "3" in text.split("rank(s)")[1]
+    assert any("rank-0002.h5" in str(w.message) for w in caught)
+    assert set(run.table("iterations")["rank"]) == {1, 4}  # what could be read is there
+    assert len(run.table("pushes")) > 0
+
+
+def test_missing_summary_is_a_problem_not_an_error(tmp_path):
+    make_run(tmp_path / "run", "ssp", summary=False)
+    with pytest.warns(UserWarning, match="summary.json"):
+        run = load_run(tmp_path / "run")
+    assert run.summary == {} and run.sync == "ssp"  # from the trace's config
+    assert run.wall_seconds > 0
+
+
+def test_a_directory_without_trace_or_summary_is_an_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(TraceError, match="empty"):
+        load_run(tmp_path / "empty")
+    with pytest.raises(TraceError, match="not found"):
+        load_run(tmp_path / "nowhere")
+
+
+# -- metrics -------------------------------------------------------------------------------------
+
+
+def test_worker_stats_rates_and_waiting(tmp_path):
+    make_run(tmp_path / "bsp", "bsp", rounds=10)
+    run = load_run(tmp_path / "bsp")
+    stats = metrics.worker_stats(run)
+    assert list(stats["iterations"]) == [10] * WORKERS
+    period = 3 * BASE + 0.002
+    np.testing.assert_allclose(stats["iterations_per_s"], 10 / (10 * period))
+    # a fast worker waits for the slow one: period - (compute + delay + push) per round
+    fast_wait = period - (BASE + 0.0001)
+    np.testing.assert_allclose(stats.loc[0, "wait_s"], 10 * fast_wait)
+    assert stats.loc[SLOW, "wait_share"] < stats.loc[0, "wait_share"]
+    assert metrics.slowest_worker(run) == SLOW
+    # BSP's barriers are its rounds: one release per version
+    assert len(metrics.barrier_times(run)) == 10
+
+
+def test_spreads_keep_barriers_of_two_or_more_workers(tmp_path):
+    make_run(tmp_path / "e", "elasticbsp", rounds=20)
+    run = load_run(tmp_path / "e")
+    s = metrics.spreads(run)
+    assert len(s) == 4
+    np.testing.assert_allclose(s["observed_spread"], 2 * BASE)
+    np.testing.assert_allclose(s["predicted_spread"], 0.015)
+    assert len(metrics.barrier_times(run)) == 4
+
+
+# -- runs and comparison -------------------------------------------------------------------------
+
+
+def _sweep(tmp_path, speeds: dict, seeds=(0, 1, 2)):
+    """A sweep directory with a manifest, members named as the sweep runner names them."""
+    out = tmp_path / "sweep"
+    members = []
+    for group, speed in speeds.items():
+        sync = group.split("-")[0]
+        for seed in seeds:
+            name = f"{group}-seed{seed}"
+            s = speed[seed] if isinstance(speed, dict) else speed
+            if s is not None:
+                make_run(out / name, sync, seed, speed=s, rounds=6)
+            members.append({"name": name, "group": group, "seed": seed, "dir": name})
+    (out / "sweep.json").write_text(json.dumps({"name": "t", "members": members}))
+    return out
+
+
+def test_find_runs_accepts_run_sweep_and_parent_directories(tmp_path):
+    make_run(tmp_path / "a", "bsp")
+    make_run(tmp_path / "b", "asp")
+    assert find_runs([tmp_path]) == [tmp_path / "a", tmp_path / "b"]
+    assert find_runs([tmp_path / "b", tmp_path / "b"]) == [tmp_path / "b"]
+    with pytest.raises(UsageError, match="no such directory"):
+        find_runs([tmp_path / "c"])
+    (tmp_path / "d").mkdir()
+    with pytest.raises(UsageError, match="neither a run directory"):
+        find_runs([tmp_path / "d"])
+
+
+def test_labels_come_from_the_sweep_manifest_or_the_sync_parameters(tmp_path):
+    out = _sweep(tmp_path, {"bsp": 2.0, "ssp-s3": 3.0}, seeds=(0, 1))
+    infos = load_infos([out])
+    assert [(i.label, i.seed) for i in infos] == [("bsp", 0), ("bsp", 1), ("ssp-s3", 0), ("ssp-s3", 1)]
+    assert model_label({"sync": {"model": "dssp", "staleness": 2, "dssp_range": 4}}) == "dssp(s=2,r=4)"
+    assert model_label({"sync": {"model": "elasticbsp", "lookahead": 8, "penalty": 0.5}}) == "elasticbsp(R=8,λ=0.5)"
+
+
+def _time_to(speed: float, target: float) -> float:
+    """First evaluation time (0.1 s steps) with 1 - 0.9 exp(-speed t) >= target, as make_run records it."""
+    k = next(k for k in range(1, 8) if _accuracy(0.1 * k, speed) >= target)
+    return 0.1 * k
+
+
+def test_compare_ratios_to_bsp_of_the_same_seed_and_medians_over_seeds(tmp_path):
+    # seed-dependent speeds so that the per-seed ratio differs from the ratio of medians
+    bsp = {0: 20.0, 1: 30.0, 2: 40.0}
+    asp = {0: 40.0, 1: 20.0, 2: 30.0}
+    out = _sweep(tmp_path, {"bsp": bsp, "asp": asp})
+    cmp = compare.compare(load_infos([out]))
+    assert cmp.targets == list(TARGETS) and cmp.reference == "bsp" and cmp.several_seeds
+    t = 0.9
+    by_run = {r.info.path.name: r for r in cmp.runs}
+    for seed in range(3):
+        expected = _time_to(asp[seed], t) / _time_to(bsp[seed], t)
+        assert by_run[f"asp-seed{seed}"].ratios[t] == pytest.approx(expected)
+        assert by_run[f"bsp-seed{seed}"].ratios[t] == pytest.approx(1.0)
+    groups = {g.label: g for g in cmp.groups}
+    ratios = [_time_to(asp[s], t) / _time_to(bsp[s], t) for s in range(3)]
+    assert groups["asp"].ratio[t] == pytest.approx(float(np.median(ratios)))
+    assert groups["asp"].seed_ratios[t] == pytest.approx(ratios)
+    assert groups["asp"].times[t] == pytest.approx(float(np.median([_time_to(s, t) for s in asp.values()])))
+    text = compare.to_markdown(cmp)
+    assert "Per model (median over seeds)" in text and "× bsp" in text
+
+
+def test_never_reached_and_failed_members_are_shown(tmp_path):
+    # asp seed 1 never reaches 0.95 within the run; asp seed 2 failed (no directory)
+    out = _sweep(tmp_path, {"bsp": 20.0, "asp": {0: 20.0, 1: 3.0, 2: None}})
+    cmp = compare.compare(load_infos([out]))
+    by_run = {r.info.path.name: r for r in cmp.runs}
+    assert math.isinf(by_run["asp-seed1"].times[0.95]) and math.isinf(by_run["asp-seed1"].ratios[0.95])
+    assert not by_run["asp-seed2"].info.finished
+    asp = next(g for g in cmp.groups if g.label == "asp")
+    assert asp.failed == 1 and asp.reached[0.95] == 1
+    text = compare.to_markdown(cmp)
+    assert "never" in text and "∞" in text and "failed" in text and "+1 failed" in text
+    files = compare.write(cmp, tmp_path / "cmp")
+    rows = (tmp_path / "cmp" / "compare.csv").read_text().splitlines()
+    assert len(rows) == 1 + 6 and any(",inf," in r for r in rows)
+    assert {p.name for p in files} == {"compare.md", "compare.csv", "compare-models.csv"}
+
+
+def test_no_bsp_run_means_no_ratios(tmp_path):
+    make_run(tmp_path / "a", "asp")
+    cmp = compare.compare(load_infos([tmp_path / "a"]))
+    assert cmp.reference is None and "No BSP run" in compare.to_markdown(cmp)
+
+
+# -- report --------------------------------------------------------------------------------------
+
+
+def _png_size(path):
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_report_writes_tables_and_every_figure(tmp_path):
+    out = _sweep(tmp_path, {"bsp": 20.0, "asp": 40.0, "elasticbsp": 30.0}, seeds=(0, 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a clean run gives no warning
+        report = write_report([out], tmp_path / "report")
+    assert report.problems == []
+    assert set(report.titles) == {"accuracy.png", "timeline.png", "wait.png", "iterations.png",
+                                  "staleness.png", "zipline.png"}
+    for name in report.titles:
+        w, h = _png_size(tmp_path / "report" / name)
+        assert w >= 800 and h >= 400
+    # the titles state what the runs show, in their numbers
+    assert report.titles["accuracy.png"].startswith("First to 95% test accuracy: asp")
+    assert report.titles["staleness.png"].endswith("the largest is 2 under asp, 0 under bsp")
+    # lockstep rounds: everyone at the slow worker's pace; asp: 30.6 ms against 10.6 ms per iteration
+    assert report.titles["iterations.png"].endswith("run 2.9× under asp, 1.0× under bsp")
+    assert "under bsp" in report.titles["timeline.png"] and "under asp" in report.titles["timeline.png"]
+    # one barrier per elasticbsp run (round 4 of 6), predicted 15 ms, observed 20 ms
+    assert "observed 20.0 ms against 15.0 ms predicted (medians over 2 barriers)" in report.titles["zipline.png"]
+    table = pd.read_csv(tmp_path / "report" / "summary.csv")
+    assert len(table) == 6 and set(table["model"]) == {"bsp", "asp", "elasticbsp"}
+    page = (tmp_path / "report" / "report.md").read_text()
+    assert "![Staleness histogram](staleness.png)" in page and "| run |" in page
+
+
+def test_report_without_elasticbsp_notes_the_missing_zipline_figure(tmp_path):
+    make_run(tmp_path / "bsp", "bsp")
+    report = write_report([tmp_path / "bsp"], tmp_path / "report")
+    assert "zipline.png" not in report.titles and not (tmp_path / "report" / "zipline.png").exists()
+    assert any("ZipLine" in p for p in report.problems)
+
+
+# -- Perfetto ------------------------------------------------------------------------------------
+
+
+def test_perfetto_json_has_a_track_per_rank_and_complete_events(tmp_path):
+    make_run(tmp_path / "e", "elasticbsp", rounds=10)
+    perfetto.write(tmp_path / "e", tmp_path / "trace.json")
+    doc = json.loads((tmp_path / "trace.json").read_text())
+    events = doc["traceEvents"]
+    assert all(all(k in e for k in ("ph", "ts", "pid", "tid")) for e in events)
+    assert {e["pid"] for e in events} == set(range(WORKERS + 1))
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names[0] == "rank 0: parameter server" and names[4] == "rank 4: worker 3"
+    # every phase slice lies inside its iteration's slice
+    for rank in range(1, WORKERS + 1):
+        slices = [e for e in events if e["pid"] == rank and e["ph"] == "X"]
+        iters = [e for e in slices if e["cat"] == "iteration"]
+        phases = [e for e in slices if e["cat"] == "phase"]
+        assert len(iters) == 10 and len(phases) >= 4 * 10
+        for p in phases:
+            assert any(i["ts"] - 1e-6 <= p["ts"] and p["ts"] + p["dur"] <= i["ts"] + i["dur"] + 1e-6 for i in iters)
+    released = [e for e in events if e["ph"] == "i" and e.get("s") == "g"]
+    assert len(released) == 2  # barriers 0 and 1 of rounds 4 and 9
+    assert sum(1 for e in events if e["ph"] == "C") == 7  # one accuracy sample per evaluation
+    assert doc["otherData"]["missing_ranks"] == []
+
+
+def test_perfetto_names_a_missing_rank(tmp_path):
+    make_run(tmp_path / "a", "asp")
+    trace_path(tmp_path / "a", 2).unlink()
+    doc = perfetto.trace_events(tmp_path / "a")
+    assert doc["otherData"]["missing_ranks"] == [2]
+    assert 2 not in {e["pid"] for e in doc["traceEvents"]}
