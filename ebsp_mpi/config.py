@@ -166,12 +166,29 @@ def load_job(path: str | None = None, overrides: typing.Sequence[str] = ()) -> J
     """
     job = JobConfig()
     if path is not None:
-        apply_mapping(job, read_toml(path), source=str(path))
+        apply_file(job, Path(path))
     for item in overrides:
         key, value = _split_override(item)
         set_value(job, key, value, source="--set")
     validate(job)
     return job
+
+
+def apply_file(job: JobConfig, path: Path, seen: tuple = ()) -> None:
+    """Apply a job file; its optional top-level ``base = "other.toml"`` (relative to the file) first.
+
+    A job that differs from another in a few keys names it as its base and lists only those keys.
+    """
+    if path.resolve() in seen:
+        chain = " -> ".join(str(p) for p in (*seen, path.resolve()))
+        raise ConfigError(f"job file {path}: base files form a cycle: {chain}")
+    mapping = read_toml(path)
+    base = mapping.pop("base", None)
+    if base is not None:
+        if not isinstance(base, str):
+            raise ConfigError(f"job file {path}: base = {base!r}: must be a string, the path of a job file")
+        apply_file(job, path.parent / base, (*seen, path.resolve()))
+    apply_mapping(job, mapping, source=str(path))
 
 
 def read_toml(path: str | Path) -> dict:

@@ -113,3 +113,25 @@ def test_to_toml_round_trips(tmp_path):
                           "data.root=C:\\\\x \"y\""])
     again = load_job(write(tmp_path, to_toml(job)))
     assert again == job
+
+
+def test_a_job_file_can_name_a_base_job(tmp_path):
+    (tmp_path / "base.toml").write_text('name = "b"\n[optim]\nlr = 0.2\nmomentum = 0.5\n')
+    (tmp_path / "sub").mkdir()
+    child = tmp_path / "sub" / "child.toml"
+    child.write_text('base = "../base.toml"\n[optim]\nmomentum = 0.0\n')
+    job = load_job(str(child))
+    assert (job.name, job.optim.lr, job.optim.momentum) == ("b", 0.2, 0.0)
+
+
+def test_base_cycles_and_bad_base_are_errors(tmp_path):
+    (tmp_path / "a.toml").write_text('base = "b.toml"\n')
+    (tmp_path / "b.toml").write_text('base = "a.toml"\n')
+    with pytest.raises(ConfigError, match="cycle"):
+        load_job(str(tmp_path / "a.toml"))
+    (tmp_path / "c.toml").write_text("base = 3\n")
+    with pytest.raises(ConfigError, match="base = 3"):
+        load_job(str(tmp_path / "c.toml"))
+    (tmp_path / "d.toml").write_text('base = "missing.toml"\n')
+    with pytest.raises(ConfigError, match="missing.toml: not found"):
+        load_job(str(tmp_path / "d.toml"))
