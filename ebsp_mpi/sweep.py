@@ -28,6 +28,7 @@ one task per member), and ``--member K`` runs member K alone (what each array ta
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -138,8 +139,8 @@ def _sets_seed(overrides: list[str]) -> bool:
     return any(o.partition("=")[0].strip() == "seed" for o in overrides)
 
 
-def load_sweep(path: str | os.PathLike) -> Sweep:
-    """Read and check a sweep file; members are expanded over ``seeds``.
+def load_sweep(path: str | os.PathLike, seeds: list[int] | None = None) -> Sweep:
+    """Read and check a sweep file; members are expanded over ``seeds`` (the file's, or `seeds`).
 
     Raises
     ------
@@ -166,7 +167,10 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
                              f"(a relative base is read from the sweep file's directory)")
     common = _overrides(doc.get("set", []), f"{where}: set")
 
-    seeds = doc.get("seeds")
+    if seeds is None:
+        seeds = doc.get("seeds")
+    else:
+        where = f"{where} with --seeds"
     if seeds is not None:
         if (not isinstance(seeds, list) or not seeds
                 or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)):
@@ -518,15 +522,31 @@ def add_parser(subparsers) -> None:
                    help="command every rank runs Python under, e.g. slurm/gpu-bind.sh")
     p.add_argument("--member", type=int, metavar="K",
                    help="run only member K (0-based; a Slurm array task), without the comparison")
+    p.add_argument("--seeds", type=_seed_list, metavar="LIST",
+                   help="run over these seeds instead of the file's, e.g. 3-9 or 0,2,4")
     p.add_argument("--no-report", action="store_true", help="write the comparison but not the figures")
     p.add_argument("--sbatch", metavar="PATH",
                    help="write slurm/sweep.sbatch rendered for this sweep to PATH ('-': stdout) and exit")
     p.set_defaults(run=main, quiet=False)
 
 
+def _seed_list(text: str) -> list[int]:
+    """``3-9`` or ``0,2,4`` (or a mix, ``0,3-5``) -> a list of seeds."""
+    seeds = []
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise argparse.ArgumentTypeError(f"{text!r}: expected seeds like 3-9 or 0,2,4")
+        seeds += list(range(int(lo), int(hi) + 1)) if sep else [int(lo)]
+    return seeds
+
+
 def main(args) -> int:
     """Run the ``sweep`` subcommand; 0 when every member finished, 1 when any failed."""
-    sweep = load_sweep(args.file)
+    if args.seeds is not None and (args.sbatch or args.member is not None):
+        raise SweepError("--seeds cannot be combined with --sbatch or --member: the array tasks read the "
+                         "sweep file's seeds; write the seeds into the file instead")
+    sweep = load_sweep(args.file, seeds=args.seeds)
     ranks = resolve_ranks(sweep, args.ranks)
     check_members(sweep, ranks)
     if args.member is not None and not 0 <= args.member < len(sweep.members):

@@ -84,17 +84,17 @@ def small_sweep(tmp_path, members, seeds="[0, 1]", extra=""):
 def test_stragglers_sweep_has_five_models_over_three_seeds():
     s = sw.load_sweep(STRAGGLERS)
     assert len(s.members) == 15 and s.ranks == 5
-    assert [m.name for m in s.members[:3]] == ["bsp-seed0", "bsp-seed1", "bsp-seed2"]
+    assert [m.name for m in s.members[:3]] == ["bsp-seed3", "bsp-seed4", "bsp-seed5"]
     assert {m.group for m in s.members} == {"bsp", "ssp-s3", "asp", "dssp", "elasticbsp"}
-    ssp = next(m for m in s.members if m.name == "ssp-s3-seed2")
-    assert ssp.overrides == ("sync.model=ssp", "sync.staleness=3", "seed=2")
+    ssp = next(m for m in s.members if m.name == "ssp-s3-seed5")
+    assert ssp.overrides == ("sync.model=ssp", "sync.staleness=3", "optim.momentum=0.5", "seed=5")
     assert s.base == Path(os.path.normpath(STRAGGLERS.parent / "../stragglers/base.toml"))
     sw.check_members(s, 5)  # every member's job loads and fits 4 workers
     from ebsp_mpi.config import load_job
 
     job = load_job(str(s.base), ssp.overrides)
     assert job.straggler.slowdown == [1.0, 1.0, 1.0, 3.0] and job.straggler.jitter_sigma > 0
-    assert job.sync.model == "ssp" and job.sync.staleness == 3 and job.seed == 2 and job.data.name == "digits"
+    assert job.sync.model == "ssp" and job.sync.staleness == 3 and job.seed == 5 and job.data.name == "digits"
 
 
 def test_set_may_be_a_table_and_common_overrides_come_first(tmp_path):
@@ -180,8 +180,8 @@ def test_dry_run_prints_one_mpiexec_command_per_member(tmp_path, capsys):
     assert first[:4] == ["mpirun", "--oversubscribe", "-n", "5"]
     assert first[4:8] == [sys.executable, "-m", "ebsp_mpi", "train"]
     assert first[8].endswith("jobs/stragglers/base.toml")
-    assert first[-3:] == ["--out", str(out / "bsp-seed0"), "-q"]
-    assert "--set sync.model=ssp --set sync.staleness=3 --set seed=1" in lines[4]
+    assert first[-3:] == ["--out", str(out / "bsp-seed3"), "-q"]
+    assert "--set sync.model=ssp --set sync.staleness=3 --set optim.momentum=0.5 --set seed=4" in lines[4]
 
 
 def test_mpiexec_is_the_option_then_env_then_beside_python_then_path(tmp_path, monkeypatch):
@@ -322,3 +322,20 @@ def test_the_cli_registers_sweep():
     if "invalid choice" in p.stderr:
         pytest.skip("ebsp_mpi/cli.py does not register the sweep subcommand yet")
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "straggler.slowdown" in p.stderr
+
+
+def test_seeds_option_replaces_the_files_seeds(tmp_path, capsys):
+    import argparse
+
+    from ebsp_mpi import sweep as sw
+
+    parser = argparse.ArgumentParser()
+    sw.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["sweep", str(STRAGGLERS), "-n", "5", "--seeds", "3-5,9", "--dry-run"])
+    assert args.seeds == [3, 4, 5, 9]
+    assert sw.main(args) == 0
+    commands = capsys.readouterr().out.splitlines()
+    assert len(commands) == 5 * 4 and all("seed=" in c for c in commands)
+    assert len(sw.load_sweep(STRAGGLERS, seeds=[7]).members) == 5
+    with pytest.raises(sw.SweepError, match="with --seeds: seeds = \\[1, 1\\]"):
+        sw.load_sweep(STRAGGLERS, seeds=[1, 1])
