@@ -45,11 +45,12 @@ def child_env() -> dict:
     return env
 
 
-def train(n: int, out, *overrides: str, job=None, timeout: float = 240) -> subprocess.CompletedProcess:
+def train(n: int, out, *overrides: str, job=None, timeout: float = 240,
+          extra_env: dict | None = None) -> subprocess.CompletedProcess:
     """Run a job under mpiexec; fail (not hang) when it passes `timeout` seconds."""
     try:
         return subprocess.run(train_cmd(n, out, *overrides, job=job), capture_output=True, text=True,
-                              timeout=timeout, env=child_env())
+                              timeout=timeout, env={**child_env(), **(extra_env or {})})
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"mpiexec -n {n} train did not finish in {timeout} s:\n{e.stdout}\n{e.stderr}")
 

@@ -198,3 +198,20 @@ def test_kill_9_of_a_worker_ends_the_job_naming_the_rank_and_leaves_readable_tra
         if named[-1]:
             break
     assert any(named), output
+
+
+def test_an_exception_on_a_worker_aborts_the_job_naming_the_rank(tmp_path):
+    env = {"EBSP_INJECT_FAULT": "2:5"}
+    p = train(3, tmp_path, "stop.iterations=50", "straggler.enabled=false", extra_env=env)
+    assert p.returncode != 0
+    assert "rank 2 (worker 1) failed: RuntimeError: fault injected at iteration 5" in p.stderr + p.stdout
+
+
+def test_the_watchdog_names_a_hung_worker(tmp_path):
+    env = {"EBSP_INJECT_FAULT": "1:5:hang"}
+    t0 = time.monotonic()
+    p = train(3, tmp_path, "stop.iterations=50", "straggler.enabled=false", "runtime.stall_timeout_s=3",
+              extra_env=env, timeout=60)
+    assert p.returncode != 0
+    assert "worker rank 1 silent for 3.0 s" in p.stderr + p.stdout
+    assert time.monotonic() - t0 < 3 + 30  # well before the launcher's own timeout

@@ -65,10 +65,14 @@ class Context:
         return socket.gethostname()
 
 
-def setup() -> Context:
-    """Duplicate the world communicator, find the node-local rank and put all ranks on one clock."""
+def setup(base: MPI.Comm | None = None) -> Context:
+    """Duplicate the world communicator, find the node-local rank and put all ranks on one clock.
+
+    `base` (default ``COMM_WORLD``) is the group of ranks that form the job; the benchmarks run the
+    server with fewer workers than there are ranks by passing a part of the world.
+    """
     _survive_peer_failure_notices()
-    comm = MPI.COMM_WORLD.Dup()
+    comm = (MPI.COMM_WORLD if base is None else base).Dup()
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
     ctx = Context(comm=comm, rank=comm.Get_rank(), size=comm.Get_size(), local_rank=local.Get_rank())
     local.Free()

@@ -74,6 +74,7 @@ class Server:
         self.evaluator = Evaluator(build.model(job, self.ds), self.ds.x_test, self.ds.y_test,
                                    job.eval.batch_size)
         self.targets = AccuracyTargets(list(job.eval.targets))
+        self.last_eval = (None, None)  # (test loss, test accuracy) of the latest evaluation
 
         # one gradient buffer and header per worker, with persistent receives for every part of a push
         self.grads = [np.empty_like(self.params) for _ in range(n)]
@@ -276,10 +277,9 @@ class Server:
         self._watchdog(now)
         self._check_stray_messages()
         self.trace.maybe_flush()
-        acc = getattr(self, "last_eval", (None, None))[1]
-        self.progress.update(int(self.pushes.sum()), loss=float(np.nanmean(self.last_loss))
-                             if not np.isnan(self.last_loss).all() else None,
-                             test_acc=acc, version=self.version)
+        heard = self.last_loss[~np.isnan(self.last_loss)]
+        self.progress.update(int(self.pushes.sum()), loss=float(heard.mean()) if heard.size else None,
+                             test_acc=self.last_eval[1], version=self.version)
 
     def _watchdog(self, now: float) -> None:
         """Name a worker that owes us a message and has been silent longer than the stall timeout."""

@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 
 _VERSION, _STOP = range(len(PULL_FIELDS))
 
+#: ``RANK:ITERATION[:hang]``: make that rank raise (or hang) at that iteration, to test failure handling
+FAULT_ENV = "EBSP_INJECT_FAULT"
+
 
 class Worker:
     """Worker ``ctx.rank - 1`` of a run; :meth:`run` returns its statistics for the summary."""
@@ -58,6 +61,7 @@ class Worker:
         self.pulls = [comm.Recv_init([self.pull_header, MPI.DOUBLE], 0, PULL_TAG)]
         self.pulls += [comm.Recv_init([self.params_buf[c.start:c.stop], MPI.FLOAT], 0, c.tag) for c in chunks]
         self.trace = self._open_trace()
+        self.fault = _parse_fault(os.environ.get(FAULT_ENV, ""), ctx.rank)
 
     def run(self) -> dict:
         ctx, backend, model = self.ctx, self.backend, self.model
@@ -79,10 +83,10 @@ class Worker:
             if self.staged:
                 model.space.data[...] = backend.asarray(self.params_buf)
 
-            idx = self.stream.next_indices()
+            if self.fault is not None and iteration == self.fault[0]:
+                _inject(self.fault, ctx.rank, iteration)
             c0 = time.perf_counter()
-            loss = model.loss_and_grad(backend.asarray(self.ds.x_train[idx]), backend.asarray(self.ds.y_train[idx]))
-            backend.synchronize()
+            loss = self.compute_gradient()
             compute_s = time.perf_counter() - c0
             delay = self.straggler.delay(self.index, iteration, compute_s, t_start)
             if delay > 0:
@@ -107,6 +111,17 @@ class Worker:
         return {"iterations": iteration, "wait_seconds": wait_total, "compute_seconds": compute_total,
                 "injected_delay_seconds": delay_total, "backend": backend.describe()}
 
+    def compute_gradient(self) -> float:
+        """The next minibatch's loss; its gradient is left in ``model.space.grad``, on the device.
+
+        The push-and-pull benchmark (``ebsp_mpi.bench.ps``) overrides this to time the messages alone.
+        """
+        idx = self.stream.next_indices()
+        loss = self.model.loss_and_grad(self.backend.asarray(self.ds.x_train[idx]),
+                                        self.backend.asarray(self.ds.y_train[idx]))
+        self.backend.synchronize()
+        return loss
+
     def _open_trace(self):
         ctx, job = self.ctx, self.job
         attrs = dict(run_id=self.run_dir.name, rank=ctx.rank, role="worker", world_size=ctx.size, host=ctx.host, pid=os.getpid(),
@@ -114,3 +129,24 @@ class Worker:
                      package_version=__version__, config=to_dict(job), clock_offset_s=ctx.clock_offset)
         return open_trace(self.run_dir, ctx.rank, attrs, enabled=job.trace.enabled,
                           flush_seconds=job.trace.flush_seconds)
+
+
+def _parse_fault(spec: str, rank: int):
+    """``(iteration, mode)`` when ``EBSP_INJECT_FAULT`` names this rank, else None."""
+    if not spec:
+        return None
+    parts = spec.split(":")
+    if len(parts) not in (2, 3) or not parts[0].isdigit() or not parts[1].isdigit() or \
+            (len(parts) == 3 and parts[2] not in ("raise", "hang")):
+        raise ValueError(f"{FAULT_ENV} = {spec!r}: expected RANK:ITERATION or RANK:ITERATION:hang")
+    if int(parts[0]) != rank:
+        return None
+    return int(parts[1]), parts[2] if len(parts) == 3 else "raise"
+
+
+def _inject(fault, rank: int, iteration: int) -> None:
+    if fault[1] == "hang":
+        log.warning("rank %d hangs at iteration %d (%s)", rank, iteration, FAULT_ENV)
+        while True:
+            time.sleep(3600)
+    raise RuntimeError(f"fault injected at iteration {iteration} ({FAULT_ENV})")
