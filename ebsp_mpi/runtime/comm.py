@@ -20,6 +20,8 @@ from ..errors import UsageError
 log = logging.getLogger(__name__)
 
 CLOCK_TAG = 3
+#: seconds between printing why the job stops and calling MPI_Abort
+ABORT_GRACE_S = 0.5
 CLOCK_ROUNDS = 8
 
 
@@ -205,4 +207,7 @@ def abort(ctx: Context | None, exc: BaseException) -> None:
             f"ebsp_mpi: rank {rank} ({role}) failed: {type(exc).__name__}: {exc}\n"
     sys.stderr.write(text)
     sys.stderr.flush()
+    # MPI_Abort makes the launcher kill every rank at once, and MPICH's Hydra may drop what it has not yet
+    # forwarded from the ranks' pipes: give the message a moment to get out first
+    time.sleep(ABORT_GRACE_S)
     MPI.COMM_WORLD.Abort(2 if isinstance(exc, UsageError) else 1)
