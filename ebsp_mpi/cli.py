@@ -54,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     from . import sweep  # standard library only until a sweep runs
 
     sweep.add_parser(sub)
+    from .bench import cli as bench  # standard library only until a benchmark runs
+
+    bench.add_parser(sub)
     return parser
 
 

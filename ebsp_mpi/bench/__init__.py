@@ -1,0 +1,29 @@
+"""Benchmarks behind ``python -m ebsp_mpi bench KIND``: one module per kind, each with ``main(argv, records)``.
+
+:data:`KINDS` names them without importing them, so the command line starts without NumPy or MPI.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A benchmark: its module (with ``main(argv=None, records=None) -> int``), the MPI ranks it needs
+    (1: none, runs without mpiexec) and a one-line description."""
+
+    module: str
+    ranks: int
+    help: str
+
+
+KINDS = {
+    "mpi": Kind("ebsp_mpi.bench.mpi", 2, "raw MPI point-to-point latency and bandwidth, 4 KiB - 64 MiB"),
+    "ps": Kind("ebsp_mpi.bench.ps", 2, "push + pull round trip through the server against raw MPI; "
+                                       "the server's update against a NumPy axpy"),
+    "overhead": Kind("ebsp_mpi.bench.overhead", 2, "seconds per iteration of BSP (1 worker + server) "
+                                                   "against the single-process trainer"),
+    "nn": Kind("ebsp_mpi.bench.nn", 1, "Dense, Conv2D, MaxPool2D and SGD against PyTorch on the CPU"),
+    "zipline": Kind("ebsp_mpi.bench.zipline", 1, "ZipLine against a heapq scan and brute force"),
+}

@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ebsp_mpi.bench.report import record
 from ebsp_mpi.nn import SGD, Conv2D, Dense, MaxPool2D, ParamSpace
 
 DENSE = ((64, 784, 1024), (64, 1024, 1024), (64, 4096, 1000))          # batch, in, out
@@ -145,8 +146,10 @@ def _sgd_case(torch, rng):
     return (lambda: opt.step(p, g, 1e-6)), topt.step
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="bench nn", description=__doc__.splitlines()[0])
+def main(argv=None, records: list | None = None) -> int:
+    """Run the comparison; with `records` (a list), append one record per case to it
+    (:mod:`ebsp_mpi.bench.report`: figure = our median seconds, reference = PyTorch's)."""
+    parser = argparse.ArgumentParser(prog="python -m ebsp_mpi bench nn", description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=20, help="timed repetitions per case (median)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed repetitions first")
     parser.add_argument("--threads", type=int, default=1, help="BLAS and PyTorch threads")
@@ -182,6 +185,8 @@ def main(argv=None) -> int:
             missed.append(f"{kind} {desc}")
         print(f"{kind:<10} {desc:<34} | {t_ours * 1e3:9.3f} {t_torch * 1e3:9.3f} | "
               f"{speed:13.2f}x {'' if target is None else f'>={target}':>7} {met:>4}")
+        if records is not None:
+            records.append(record("nn", f"{kind} {desc}", t_ours, "s", "torch", t_torch))
 
     if not args.no_sgd:
         step, torch_step = _sgd_case(torch, rng)
@@ -190,6 +195,8 @@ def main(argv=None) -> int:
         desc = f"{SGD_SIZE / 1e6:g}M params, nesterov, wd"
         print(f"{'SGD.step':<10} {desc:<34} | {t_ours * 1e3:9.3f} {t_torch * 1e3:9.3f} | "
               f"{t_torch / t_ours:13.2f}x {'':>7} {'':>4}")
+        if records is not None:
+            records.append(record("nn", f"SGD.step {desc}", t_ours, "s", "torch.optim.SGD", t_torch))
         src = np.ones(SGD_SIZE, dtype=np.float32)
         dst = np.empty_like(src)
         t_copy, _ = _time_pair(lambda: np.copyto(dst, src), lambda: None, 1, 5)

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ebsp_mpi.bench.report import record
 from ebsp_mpi.sync.zipline import zipline, zipline_brute, zipline_heap
 
 SIZES = ((4, 15), (4, 150), (64, 15), (64, 150), (1000, 15), (1000, 150))
@@ -41,8 +42,10 @@ def median_seconds(fn: Callable[[], object], reps: int) -> float:
     return float(np.median(times))
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="bench_zipline", description=__doc__.splitlines()[0])
+def main(argv=None, records: list | None = None) -> int:
+    """Run the comparison; with `records` (a list), append to it per instance ZipLine's median
+    seconds against the heap scan's and, where run, brute force's (:mod:`ebsp_mpi.bench.report`)."""
+    parser = argparse.ArgumentParser(prog="python -m ebsp_mpi bench zipline", description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=7, help="timed repetitions per cell (median)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--brute-limit", type=float, default=2e5,
@@ -71,6 +74,10 @@ def main(argv=None) -> int:
                 raise RuntimeError(f"zipline and zipline_brute disagree at n={n}, R={R}")
             t_brute = median_seconds(lambda: zipline_brute(M), max(1, args.reps // 2))
             brute_cell, ratio_cell = f"{t_brute * 1e3:9.2f}", f"{t_brute / t_fast:13.1f}"
+            if records is not None:
+                records.append(record("zipline", f"n={n} R={R}", t_fast, "s", "brute force", t_brute))
+        if records is not None:
+            records.append(record("zipline", f"n={n} R={R}", t_fast, "s", "heapq scan", t_heap))
         print(f"{n:>5} {R:>4} | {t_fast * 1e3:10.3f} {t_heap * 1e3:9.2f} {brute_cell} | "
               f"{t_heap / t_fast:12.1f} {ratio_cell} | {fast.spread:8.1f}")
     return 0

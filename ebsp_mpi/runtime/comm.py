@@ -45,6 +45,9 @@ class Context:
         Seconds to add to this rank's ``perf_counter`` to read rank 0's (measured at start-up).
     t0 : float
         Rank 0's ``perf_counter`` at the run's start: :meth:`now` counts from it.
+    oversubscribed : bool
+        More ranks of the job on this node than CPUs they may run on: waiting ranks must sleep
+        (see :class:`Backoff`).
     """
 
     comm: MPI.Comm
@@ -53,6 +56,7 @@ class Context:
     local_rank: int
     clock_offset: float = 0.0
     t0: float = 0.0
+    oversubscribed: bool = True
 
     @property
     def workers(self) -> int:
@@ -66,6 +70,10 @@ class Context:
     def host(self) -> str:
         return socket.gethostname()
 
+    def backoff(self) -> Backoff:
+        """How this rank waits for messages: sleeping only where the node has no core to spare."""
+        return Backoff(spin=not self.oversubscribed)
+
 
 def setup(base: MPI.Comm | None = None) -> Context:
     """Duplicate the world communicator, find the node-local rank and put all ranks on one clock.
@@ -77,10 +85,18 @@ def setup(base: MPI.Comm | None = None) -> Context:
     comm = (MPI.COMM_WORLD if base is None else base).Dup()
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
     ctx = Context(comm=comm, rank=comm.Get_rank(), size=comm.Get_size(), local_rank=local.Get_rank())
+    ctx.oversubscribed = local.Get_size() > len(set().union(*local.allgather(_cpus())))
     local.Free()
     ctx.clock_offset = _measure_clock_offset(comm)
     ctx.t0 = comm.bcast(time.perf_counter() if ctx.rank == 0 else None, root=0)
     return ctx
+
+
+def _cpus() -> set[int]:
+    """The CPUs this process may run on (all of the machine's where affinity is unknown)."""
+    if hasattr(os, "sched_getaffinity"):
+        return set(os.sched_getaffinity(0))
+    return set(range(os.cpu_count() or 1))
 
 
 class PeerFailure(JobFailure):
@@ -170,30 +186,45 @@ def mpi_library() -> str:
 
 
 class Backoff:
-    """Sleep a little longer each time a poll finds nothing, from `first_s` up to `max_s`.
+    """What a rank does each time a poll finds nothing: sleep a little longer each time, from `first_s`
+    up to `max_s`, or, with `spin`, only yield the core.
 
     Blocking MPI waits spin on a core; with more ranks than cores (5 ranks on a 2-core laptop) a
     spinning server steals the workers' compute. Polling with a short sleep costs at most `max_s` of
-    latency on an idle rank and nothing on a busy one.
+    latency on an idle rank and nothing on a busy one. But MPICH moves a large message only while
+    both ends poll (the receiver copies it, the sender must see the receipt), and every poll that
+    comes late adds its delay to each message of a push or a reply; so where every rank has a core of
+    its own (``Context.oversubscribed`` false), waiting ranks poll without sleeping and give the core
+    away only to whatever else is ready to run (``sched_yield``).
     """
 
-    def __init__(self, first_s: float = 2e-5, max_s: float = 1e-3):
-        self.first_s, self.max_s = first_s, max_s
+    def __init__(self, first_s: float = 2e-5, max_s: float = 1e-3, spin: bool = False):
+        self.first_s, self.max_s, self.spin = first_s, max_s, spin
         self.delay = first_s
 
     def reset(self) -> None:
         self.delay = self.first_s
 
     def idle(self) -> None:
+        if self.spin:
+            os.sched_yield()
+            return
         time.sleep(self.delay)
         self.delay = min(self.max_s, self.delay * 2)
 
 
 def wait_all(requests, backoff: Backoff) -> None:
-    """Complete `requests` (a list) by polling with back-off instead of spinning in ``Waitall``."""
+    """Complete `requests` (a list) by polling with back-off instead of spinning in ``Waitall``.
+
+    Each request that completes resets the back-off: the next part of a multi-message push or reply
+    is then seen at once, not after the longest sleep.
+    """
     backoff.reset()
-    while not MPI.Request.Testall(requests):
-        backoff.idle()
+    while (done := MPI.Request.Testsome(requests)) is not None:  # None: no request left active
+        if done:
+            backoff.reset()
+        else:
+            backoff.idle()
 
 
 def abort(ctx: Context | None, exc: BaseException) -> None:

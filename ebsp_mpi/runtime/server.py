@@ -2,7 +2,9 @@
 
 It owns the global parameters and the optimizer state, keeps a receive posted for every part of every
 worker's next push, applies pushes as they complete, asks the sync policy whose pull to answer, and
-answers pulls from snapshots that never change while a send of them is in flight (DESIGN.md, "Roles").
+answers pulls from buffers that never change while a send of them is in flight (DESIGN.md, "Roles"):
+snapshots of the parameters, or under BSP the parameters themselves, which only a completed round
+changes, after every reply still sending from them has completed.
 
 The message loop polls (``Testsome``) instead of blocking, so that between messages it can evaluate the
 model one slice at a time, watch for stalled workers, flush the trace and report progress.
@@ -24,7 +26,7 @@ from ..outputs import AccuracyTargets, write_model, write_summary
 from ..progress import Progress
 from ..sync.registry import make_policy
 from ..trace.writer import open_trace
-from .comm import Backoff, Context, JobFailure, mpi_library
+from .comm import Context, JobFailure, mpi_library
 from .evaluator import Evaluator
 from .protocol import PULL_FIELDS, PULL_TAG, PUSH_FIELDS, PUSH_TAG, ProtocolError, header, plan_chunks
 
@@ -42,7 +44,8 @@ class StallError(JobFailure):
 
 @dataclass
 class _PendingReply:
-    """A pull reply in flight: its requests keep the snapshot and header alive until they complete."""
+    """A pull reply in flight: its requests keep the buffer sent (a snapshot, or the parameters under
+    BSP) and the header alive until they complete."""
 
     worker: int
     requests: list
@@ -110,7 +113,7 @@ class Server:
     # -- the run --------------------------------------------------------------------------------
 
     def run(self) -> dict:
-        job, backoff = self.job, Backoff()
+        job, backoff = self.job, self.ctx.backoff()
         log.info("server: %s with %d workers, %d parameters in %d messages per push, stop at %s iterations",
                  self.policy.name, self.n, self.space.size, self.parts, self.limits)
         self.trace.set_attrs(clock_offset_s=0.0)
@@ -194,7 +197,7 @@ class Server:
                 self._apply_round()
             if not decision.release:
                 continue
-            snapshot = self._snapshot()
+            snapshot = self._reply_buffer()
             for w in decision.release:
                 if w in self.left:
                     continue
@@ -207,7 +210,7 @@ class Server:
 
     def _retire(self, w: int, t: float) -> None:
         """Send `w` its stop reply and let the policy forget it (which may release others)."""
-        self._reply(w, self._snapshot(), True, t)
+        self._reply(w, self._reply_buffer(), True, t)
         self.left.add(w)
         self._decide(self.policy.on_leave(w, t), t)
 
@@ -218,11 +221,16 @@ class Server:
         self.rounds += 1
         if not members:
             return  # every push of the round was rejected
-        np.copyto(self.round_sum, self.grads[members[0]])
-        for w in members[1:]:
-            self.round_sum += self.grads[w]
-        self.round_sum *= np.float32(1.0 / len(members))
-        self.opt.step(self.params, self.round_sum, self.lr_at(self.version))
+        if len(members) == 1:
+            mean = self.grads[members[0]]  # the mean of one gradient is itself, bit for bit
+        else:
+            mean = self.round_sum
+            np.add(self.grads[members[0]], self.grads[members[1]], out=mean)
+            for w in members[2:]:
+                mean += self.grads[w]
+            mean *= np.float32(1.0 / len(members))
+        self._settle_replies()
+        self.opt.step(self.params, mean, self.lr_at(self.version))
         self.version += 1
 
     def _limit_reached(self, w: int) -> bool:
@@ -230,6 +238,32 @@ class Server:
         return self.limits[w] is not None and self.pushes[w] >= self.limits[w]
 
     # -- pull replies ---------------------------------------------------------------------------
+
+    def _reply_buffer(self) -> np.ndarray:
+        """The buffer pull replies are sent from.
+
+        Under a round-based policy (BSP) the parameters change only when a round completes, that is
+        when every worker in it has received its previous reply and pushed again; the replies then go
+        out from the parameters themselves, and :meth:`_settle_replies` completes any still sending
+        before the round is applied. Otherwise a push may be applied while replies are in flight, and
+        they go out from a snapshot.
+        """
+        return self.params if self.policy.round_based else self._snapshot()
+
+    def _settle_replies(self) -> None:
+        """Complete every reply still sending from the parameters, before they change (MPI forbids
+        changing a buffer whose send has not completed; its receiver has the data already, or is
+        polling for it)."""
+        backoff = self.ctx.backoff()
+        next_watch = self.ctx.now() + HOUSEKEEPING_S
+        while any(r.snapshot is self.params for r in self.replies):
+            if self._complete_replies():
+                backoff.reset()
+                continue
+            if self.ctx.now() >= next_watch:  # a worker that died before taking its reply
+                self._watchdog(self.ctx.now())
+                next_watch = self.ctx.now() + HOUSEKEEPING_S
+            backoff.idle()
 
     def _snapshot(self) -> np.ndarray:
         """A copy of the parameters that stays unchanged while sends of it are in flight."""
@@ -257,7 +291,7 @@ class Server:
             return False
         self.replies = [r for r in self.replies if r not in finished]
         # one snapshot serves every pull a decision released; reuse it once none of them is in flight
-        done = {id(r.snapshot): r.snapshot for r in finished}
+        done = {id(r.snapshot): r.snapshot for r in finished if r.snapshot is not self.params}
         in_flight = {id(r.snapshot) for r in self.replies}
         self.free_snapshots += [s for key, s in done.items() if key not in in_flight]
         return True

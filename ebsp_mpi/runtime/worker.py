@@ -19,7 +19,7 @@ from .. import __version__, build
 from ..backend import resolve_backend
 from ..config import JobConfig, to_dict
 from ..trace.writer import open_trace
-from .comm import Backoff, Context, mpi_library, wait_all
+from .comm import Context, mpi_library, wait_all
 from .protocol import PULL_FIELDS, PULL_TAG, PUSH_FIELDS, PUSH_TAG, header, plan_chunks
 from .straggler import SlowPhase, StragglerModel
 
@@ -65,7 +65,7 @@ class Worker:
 
     def run(self) -> dict:
         ctx, backend, model = self.ctx, self.backend, self.model
-        backoff = Backoff()
+        backoff = ctx.backoff()
         wait_total = compute_total = delay_total = 0.0
         iteration, row = 0, None
         MPI.Prequest.Startall(self.pulls)  # the initial weights

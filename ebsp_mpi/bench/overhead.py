@@ -1,0 +1,143 @@
+"""Benchmark: seconds per iteration of one worker plus the server under BSP, against the single-process
+trainer on the same model, batch and data.
+
+``mpiexec -n 2 python -m ebsp_mpi bench overhead``. The job: an MLP 784 -> 1024 -> 256 -> 10
+(1,068,810 parameters) on synthetic data, batch 64, momentum SGD, no stragglers, no periodic
+evaluation (``--set`` changes any of it). Rank 0 runs ``local.train`` (world size 1, one worker) while
+rank 1 sleeps; then ranks 0 and 1 run the same job through the runtime (``Server`` + ``Worker``, BSP),
+with traces on as users run them and, with ``--traces both`` (the default), again with traces off.
+Each is repeated ``--reps`` times, alternately. The traces of the traced runs also tell where an
+iteration's time goes (compute, push, server + pull), printed below the table.
+
+The figure is the iteration period, the seconds between the starts of consecutive gradient
+computations (median over the iterations after ``--warmup``; the median of the repetitions), read in
+both trainers by the same clock around the model's ``loss_and_grad``. The ratio MPI / single process
+is the runtime's overhead plus one; target <= 1.15.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from .ranks import abort_on_failure, idle_barrier, require_ranks, subgroup, world
+from .report import human, print_table, record
+from .runjob import breakdown, gradient_clock, run_job
+
+JOB = ["data.name=synthetic", "data.synthetic_features=784", "data.synthetic_samples=10000",
+       "model.kind=mlp", "model.hidden=[1024,256]", "data.batch_size=64", "sync.model=bsp",
+       "stop.epochs=0", "eval.every_seconds=1e9", "straggler.enabled=false"]
+TARGET = ("<=", 1.15)
+
+
+def make_job(iterations: int, trace: bool, overrides: list[str]):
+    from ..config import load_job
+
+    return load_job(None, JOB + [f"stop.iterations={iterations}", f"trace.enabled={str(trace).lower()}"]
+                    + overrides)
+
+
+def local_period(job, warmup: int) -> float:
+    """Median iteration seconds of the single-process trainer on `job` (one worker)."""
+    from .. import local
+
+    with tempfile.TemporaryDirectory(prefix="ebsp-bench-local-") as path, gradient_clock() as starts:
+        local.train(job, Path(path), 1, show_progress=False)
+    return float(np.median(np.diff(starts)[warmup:]))
+
+
+def mpi_period(ctx, job, warmup: int) -> tuple[float, dict | None]:
+    """Median iteration seconds of the worker (rank 1 of `ctx`) running `job` with the server, and on
+    rank 0, when the job writes traces, where an iteration's time goes
+    (:func:`~ebsp_mpi.bench.runjob.breakdown`)."""
+    read = (lambda run_dir: breakdown(run_dir, warmup)) if job.trace.enabled else None
+    with gradient_clock() as starts:
+        result = run_job(ctx, job, read=read)
+    period = float(np.median(np.diff(starts)[warmup:])) if ctx.rank == 1 else None
+    parts = result[1] if ctx.rank == 0 and read is not None else None
+    return ctx.comm.bcast(period, root=1), parts
+
+
+def measure(comm, args) -> tuple[list[dict], dict]:
+    """Alternate the single-process and the MPI runs on ranks 0 and 1.
+
+    Returns, on rank 0, the records and the median breakdown of the traced runs' iterations
+    (elsewhere nothing).
+    """
+    from ..runtime import comm as runtime_comm
+
+    traces = {"both": (True, False), "on": (True,), "off": (False,)}[args.traces]
+    sub = subgroup(comm, 2)
+    found: list[dict] = []
+    median_parts: dict = {}
+    if sub is not None:
+        ctx = runtime_comm.setup(sub)
+        total = args.warmup + args.iterations + 1
+        local_s: list[float] = []
+        mpi_s: dict[bool, list[float]] = {t: [] for t in traces}
+        parts: list[dict] = []
+        for _ in range(args.reps):
+            if ctx.rank == 0:
+                local_s.append(local_period(make_job(total, False, args.set), args.warmup))
+            idle_barrier(ctx.comm)
+            for trace in traces:
+                period, found_parts = mpi_period(ctx, make_job(total, trace, args.set), args.warmup)
+                mpi_s[trace].append(period)
+                if found_parts:
+                    parts.append(found_parts)
+        if ctx.rank == 0:
+            params = _parameter_count(make_job(1, False, args.set))
+            reference = statistics.median(local_s)
+            for trace in traces:
+                found.append(record("overhead", f"BSP, 1 worker + server, traces {'on' if trace else 'off'}: "
+                                                f"{params:,} params, batch {_batch(args.set)}",
+                                    statistics.median(mpi_s[trace]), "s", "single process", reference))
+            if parts:
+                median_parts = {name: statistics.median(p[name] for p in parts) for name in parts[0]}
+        ctx.comm.Free()
+        sub.Free()
+    idle_barrier(comm)
+    return found, median_parts
+
+
+def _parameter_count(job) -> int:
+    from .. import build
+
+    return build.model(job, build.dataset(job)).space.size
+
+
+def _batch(overrides: list[str]) -> int:
+    return make_job(1, False, overrides).data.batch_size
+
+
+def main(argv=None, records: list | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ebsp_mpi bench overhead",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--iterations", type=int, default=200, help="timed iterations per run (median)")
+    parser.add_argument("--warmup", type=int, default=20, help="iterations left out first")
+    parser.add_argument("--reps", type=int, default=5, help="runs of each trainer, alternately (median)")
+    parser.add_argument("--traces", choices=("both", "on", "off"), default="both",
+                        help="MPI runs with traces on, off, or both (default)")
+    parser.add_argument("--set", dest="set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a key of the benchmark's job, e.g. --set model.hidden=[512]")
+    args = parser.parse_args(argv)
+    require_ranks("overhead", 2)
+    make_job(1, False, args.set)  # a bad --set fails here, on every rank alike
+    comm = world()
+    logging.getLogger("ebsp_mpi").setLevel(logging.WARNING)
+    with abort_on_failure():
+        found, parts = measure(comm, args)
+    if comm.Get_rank() == 0:
+        print_table(f"seconds per iteration (median of {args.iterations} after {args.warmup}; median of "
+                    f"{args.reps} runs)", found, {r["case"]: TARGET for r in found})
+        if parts:
+            print("where a traced BSP iteration's time goes (medians, from the run's traces): " +
+                  ", ".join(f"{name} {human(value, 's')}" for name, value in parts.items()))
+        if records is not None:
+            records += found
+    return 0

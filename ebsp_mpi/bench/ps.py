@@ -1,0 +1,297 @@
+"""Benchmark: the push + pull round trip through the parameter server against raw MPI moving the same
+bytes, and the server's update against a NumPy in-place axpy.
+
+``mpiexec -n N python -m ebsp_mpi bench ps``. For each parameter count P (default 1e4 ... 1e7 float32)
+and each number k of workers at once (default 1 ... N-1; the other ranks sleep in a barrier):
+
+- **round trip** through the real runtime: ``runtime.server.Server`` and ``runtime.worker.Worker`` on
+  ranks 0..k, a job whose model (an MLP on synthetic data, one hidden layer) has about P parameters,
+  and workers whose :meth:`~ebsp_mpi.runtime.worker.Worker.compute_gradient` returns at once, so that
+  an iteration is the push (chunks + header, persistent requests), the server's work (arrival with
+  ``Testsome``, NaN/Inf check, the sync policy, the momentum SGD update; under BSP the reply goes
+  out from the parameters, under the other models from a snapshot of them) and the pull reply.
+  Figure: bytes moved per second, ``k * 2 * 4P`` per iteration over the median iteration time seen
+  by the workers.
+- **raw MPI**, the reference, on the same ranks in the same run: each worker sends the same chunks and
+  header (``Isend``) and receives the same reply (``Irecv``), rank 0 receives every worker's push and
+  answers each, all with blocking ``Waitall`` and nothing computed. Measured before and after the
+  runtime's round trip; the median of both.
+- **update**: the server's per-push work on a P-element gradient (``server._all_finite`` and the
+  job's ``SGD.step``, momentum 0.9) in bytes of gradient per second, against ``y += a * x`` in place
+  on the same sizes without temporaries (``multiply(x, a, out=t); add(y, t, out=y)``), timed
+  alternately on rank 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+
+import numpy as np
+
+from ..errors import UsageError
+from ..sync.registry import POLICIES
+from .ranks import abort_on_failure, idle_barrier, require_ranks, subgroup, world
+from .report import alternate, human, parse_sizes, print_table, record
+from .runjob import breakdown, run_job
+
+SIZES = "1e4,1e5,1e6,1e7"
+#: the synthetic model: FEATURES inputs, one hidden layer, CLASSES outputs, so
+#: P = hidden * (FEATURES + 1 + CLASSES) + CLASSES parameters
+FEATURES, CLASSES = 89, 10
+RAW_TAG0 = 1000
+TARGET = (">=", 0.7)
+TARGET_MIN_BYTES = 1 << 20
+
+
+def hidden_for(params: int) -> int:
+    """Hidden width whose MLP (FEATURES -> hidden -> CLASSES) has closest to `params` parameters."""
+    return max(1, round((params - CLASSES) / (FEATURES + 1 + CLASSES)))
+
+
+def job_for(params: int, iterations: int, sync: str, trace: bool):
+    """A job for the runtime whose model has about `params` float32 parameters; no evaluation, no
+    stragglers, batch 1 (the benchmark's workers compute nothing anyway)."""
+    from ..config import load_job
+
+    return load_job(None, [
+        "data.name=synthetic", f"data.synthetic_features={FEATURES}", f"data.synthetic_classes={CLASSES}",
+        "data.synthetic_samples=200", "data.batch_size=1", "model.kind=mlp",
+        f"model.hidden=[{hidden_for(params)}]", f"stop.iterations={iterations}", "stop.epochs=0",
+        "eval.every_seconds=1e9", "straggler.enabled=false", f"trace.enabled={str(trace).lower()}",
+        f"sync.model={sync}"])
+
+
+def chunks_of(job) -> tuple[int, list]:
+    """The parameter count of `job`'s model and the messages a push of it is split into."""
+    from mpi4py import MPI
+
+    from .. import build
+    from ..runtime.protocol import plan_chunks
+
+    space = build.model(job, build.dataset(job)).space
+    bounds = [(t.offset, t.size) for t in space.tensors]
+    return space.size, plan_chunks(bounds, 4, job.runtime.chunk_bytes, MPI.COMM_WORLD.Get_attr(MPI.TAG_UB))
+
+
+# -- raw MPI ------------------------------------------------------------------------------------------
+
+def raw_round_trips(comm, size: int, chunks: list, iterations: int) -> list[float]:
+    """Push + pull of `size` float32 in `chunks` between ranks 1.. and rank 0 with plain MPI.
+
+    Rank 0 keeps the next push's receives posted before it answers (as the server does), so every
+    message meets a posted receive. Returns each iteration's seconds on a worker, nothing on rank 0.
+    """
+    from mpi4py import MPI
+
+    from ..runtime.protocol import PULL_FIELDS, PUSH_FIELDS, header
+
+    rank, n = comm.Get_rank(), comm.Get_size() - 1
+    push_tag, pull_tag = RAW_TAG0, RAW_TAG0 + 1
+    if rank == 0:
+        grads = [np.zeros(size, dtype=np.float32) for _ in range(n)]
+        heads = [header(PUSH_FIELDS) for _ in range(n)]
+        params, reply = np.zeros(size, dtype=np.float32), header(PULL_FIELDS)
+
+        def post():
+            reqs = []
+            for w in range(n):
+                reqs += [comm.Irecv([grads[w][c.start:c.stop], MPI.FLOAT], w + 1, c.tag) for c in chunks]
+                reqs.append(comm.Irecv([heads[w], MPI.DOUBLE], w + 1, push_tag))
+            return reqs
+
+        recvs = post()
+        for i in range(iterations):
+            MPI.Request.Waitall(recvs)
+            recvs = post() if i + 1 < iterations else []
+            sends = []
+            for w in range(n):
+                sends.append(comm.Isend([reply, MPI.DOUBLE], w + 1, pull_tag))
+                sends += [comm.Isend([params[c.start:c.stop], MPI.FLOAT], w + 1, c.tag) for c in chunks]
+            MPI.Request.Waitall(sends)
+        return []
+    grad, params = np.zeros(size, dtype=np.float32), np.zeros(size, dtype=np.float32)
+    head, reply = header(PUSH_FIELDS), header(PULL_FIELDS)
+    times = []
+    for _ in range(iterations):
+        t = time.perf_counter()
+        reqs = [comm.Irecv([reply, MPI.DOUBLE], 0, pull_tag)]
+        reqs += [comm.Irecv([params[c.start:c.stop], MPI.FLOAT], 0, c.tag) for c in chunks]
+        reqs += [comm.Isend([grad[c.start:c.stop], MPI.FLOAT], 0, c.tag) for c in chunks]
+        reqs.append(comm.Isend([head, MPI.DOUBLE], 0, push_tag))
+        MPI.Request.Waitall(reqs)
+        times.append(time.perf_counter() - t)
+    return times
+
+
+# -- the runtime --------------------------------------------------------------------------------------
+
+def _timed_worker_class():
+    from ..runtime.worker import Worker
+
+    class TimedWorker(Worker):
+        """A worker whose gradient takes no time: its iterations are the push and the pull alone."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.starts: list[float] = []
+            self.model.space.grad[...] = 1e-3  # finite, so the server applies every push
+
+        def compute_gradient(self) -> float:
+            self.starts.append(time.perf_counter())
+            return 0.0
+
+    return TimedWorker
+
+
+def runtime_round_trips(ctx, job, warmup: int) -> tuple[list[list[float]], dict | None]:
+    """Run `job` through the real server (rank 0 of `ctx`) and workers that compute nothing.
+
+    Returns, on rank 0, every worker's iteration seconds and, when the job writes traces, the
+    :func:`~ebsp_mpi.bench.runjob.breakdown` of worker 0's iterations after `warmup`; elsewhere
+    nothing.
+    """
+    read = (lambda run_dir: breakdown(run_dir, warmup)) if job.trace.enabled else None
+    result = run_job(ctx, job, _timed_worker_class(), read=read)
+    periods = ctx.comm.gather(None if ctx.rank == 0 else list(np.diff(result.starts)), root=0)
+    if ctx.rank != 0:
+        return [], None
+    return periods[1:], (result[1] if read is not None else None)
+
+
+def round_trip_case(world_comm, params: int, k: int, args) -> tuple[list[dict], dict, dict]:
+    """Ranks 0..k: raw MPI, the runtime, raw MPI again, for `params` parameters.
+
+    Returns, on rank 0, the record, its target where the buffer has at least 1 MiB, and the
+    breakdown of the runtime's iterations by case (elsewhere nothing).
+    """
+    from ..runtime import comm as runtime_comm
+
+    sub = subgroup(world_comm, k + 1)
+    found: list[dict] = []
+    targets: dict = {}
+    parts: dict = {}
+    if sub is not None:
+        ctx = runtime_comm.setup(sub)
+        job = job_for(params, args.warmup + args.iterations, args.sync, not args.no_trace)
+        size, chunks = chunks_of(job) if ctx.rank == 0 else (None, None)
+        size, chunks = ctx.comm.bcast((size, chunks), root=0)
+        total = args.warmup + args.iterations
+        raw = raw_round_trips(ctx.comm, size, chunks, total)[args.warmup:]
+        ours, split = runtime_round_trips(ctx, job, args.warmup)
+        raw += raw_round_trips(ctx.comm, size, chunks, total)[args.warmup:]
+        raw = ctx.comm.gather(raw, root=0)
+        if ctx.rank == 0:
+            # the first iterations include the first pull and page faults: drop each worker's warm-up
+            ours_med = float(np.median([t for times in ours for t in times[args.warmup:]]))
+            raw_med = float(np.median([t for times in raw for t in times]))
+            moved = k * 2 * 4 * size
+            found.append(record("ps", f"round trip {size:,} params ({4 * size / 2**20:.2f} MiB), {k} worker(s)",
+                                moved / ours_med, "B/s", "raw MPI, same messages", moved / raw_med))
+            if 4 * size >= TARGET_MIN_BYTES:
+                targets[found[-1]["case"]] = TARGET
+            if split:
+                parts[found[-1]["case"]] = split
+        ctx.comm.Free()
+        sub.Free()
+    idle_barrier(world_comm)
+    return found, targets, parts
+
+
+# -- the server's update ------------------------------------------------------------------------------
+
+def update_case(params: int, reps: int) -> list[dict]:
+    """Rank 0: the server's per-push update against an in-place axpy on `params` float32."""
+    from .. import build
+    from ..runtime.server import _all_finite
+
+    job = job_for(params, 1, "asp", False)
+    opt = build.optimizer(job, params)
+    rng = np.random.default_rng(0)
+    p = rng.standard_normal(params, dtype=np.float32)
+    g = rng.standard_normal(params, dtype=np.float32) * np.float32(1e-3)
+    y, x, tmp = p.copy(), g.copy(), np.empty_like(p)
+    lr = float(job.optim.lr)
+
+    def update():
+        if _all_finite(g):
+            opt.step(p, g, lr)
+
+    def step():
+        opt.step(p, g, lr)
+
+    def axpy():
+        np.multiply(x, lr, out=tmp)
+        np.add(y, tmp, out=y)
+
+    t_update, t_step, t_axpy = alternate([update, step, axpy], reps, warmup=2)
+    nbytes = 4 * params
+    name = f"{params:,} params ({nbytes / 2**20:.2f} MiB)"
+    return [record("ps", f"update {name}: check + SGD", nbytes / t_update, "B/s", "numpy axpy", nbytes / t_axpy),
+            record("ps", f"update {name}: SGD.step", nbytes / t_step, "B/s", "numpy axpy", nbytes / t_axpy)]
+
+
+def main(argv=None, records: list | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ebsp_mpi bench ps", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default=SIZES, help=f"parameter counts (float32), comma-separated "
+                                                       f"(default {SIZES})")
+    parser.add_argument("--workers", default="", help="numbers of workers at once, comma-separated "
+                                                      "(default 1 .. N-1)")
+    parser.add_argument("--iterations", type=int, default=40, help="timed iterations per case (median)")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed iterations first")
+    parser.add_argument("--reps", type=int, default=15, help="timed repetitions of each update (median)")
+    parser.add_argument("--sync", default="bsp", choices=POLICIES, help="the server's sync model (default bsp)")
+    parser.add_argument("--no-trace", action="store_true", help="run the server and workers without traces")
+    args = parser.parse_args(argv)
+    require_ranks("ps", 2)
+    sizes = parse_sizes(args.sizes)
+    comm = world()
+    n = comm.Get_size() - 1
+    counts = _worker_counts(args.workers, n)
+    logging.getLogger("ebsp_mpi.runtime").setLevel(logging.WARNING)
+
+    trips: list[dict] = []
+    targets: dict = {}
+    parts: dict = {}
+    updates: list[dict] = []
+    with abort_on_failure():
+        for size in sizes:
+            for k in counts:
+                found, aims, split = round_trip_case(comm, size, k, args)
+                trips += found
+                targets.update(aims)
+                parts.update(split)
+        if comm.Get_rank() == 0:
+            for size in sizes:
+                updates += update_case(size, args.reps)
+        idle_barrier(comm)
+    if comm.Get_rank() == 0:
+        print_table(f"push + pull round trip through the server ({args.sync}, traces "
+                    f"{'off' if args.no_trace else 'on'}), bytes moved per second; median of "
+                    f"{args.iterations} iterations per worker after {args.warmup}", trips, targets)
+        if parts:
+            print("where worker 0's round trip goes (medians, from the traces): push = until the server "
+                  "holds it; server + pull = NaN/Inf check, update, reply")
+            for case, split in parts.items():
+                print(f"  {case}: " + ", ".join(f"{name} {human(split[name], 's')}"
+                                                 for name in ("push", "server + pull", "other")))
+            print()
+        print_table(f"the server's update per push (momentum SGD), bytes of gradient per second; median of "
+                    f"{args.reps}", updates, {r["case"]: TARGET for r in updates if "check" in r["case"]})
+        if records is not None:
+            records += trips + updates
+    return 0
+
+
+
+def _worker_counts(text: str, n: int) -> list[int]:
+    """``--workers 1,2`` -> [1, 2]; every count in 1..n (default: all of them)."""
+    try:
+        counts = [int(k) for k in text.split(",") if k.strip()] or list(range(1, n + 1))
+    except ValueError:
+        counts = [0]
+    if any(not 1 <= k <= n for k in counts):
+        raise UsageError(f"--workers {text}: expected numbers in 1..{n} (the ranks after the server), "
+                         f"comma-separated")
+    return counts

@@ -1,0 +1,200 @@
+"""``python -m ebsp_mpi bench KIND``: every kind runs on tiny sizes and hands back well-formed records.
+
+Kinds that need ranks run under ``mpiexec`` as subprocesses with a timeout. Only the structure of the
+records and the sign of their figures are asserted, never a speed.
+"""
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ebsp_mpi.bench import KINDS, report
+from ebsp_mpi.outputs import read_model
+from mpirun import child_env, local, mpiexec, train
+
+pytestmark = pytest.mark.timeout(180)
+
+UNITS = {"B/s", "s"}
+
+
+def run_bench(tmp_path, kind, *options, ranks=None, timeout=150):
+    """Run ``bench KIND --json FILE OPTIONS`` (under ``mpiexec -n ranks`` when given); its records."""
+    out = tmp_path / f"{kind}.json"
+    cmd = [sys.executable, "-m", "ebsp_mpi", "bench", kind, "--json", str(out), *options]
+    if ranks:
+        cmd = [mpiexec(), "-n", str(ranks)] + cmd
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env())
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"bench {kind} did not finish in {timeout} s:\n{e.stdout}\n{e.stderr}")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert f"wrote {len(json.loads(out.read_text()))} records" in p.stdout
+    return json.loads(out.read_text()), p.stdout
+
+
+def check_records(records, kind):
+    assert records, f"bench {kind} produced no records"
+    for r in records:
+        assert list(r) == list(report.KEYS)
+        assert r["kind"] == kind
+        assert r["unit"] in UNITS
+        assert r["case"] and r["reference"]
+        assert r["figure"] > 0 and r["reference_figure"] > 0
+        assert math.isclose(r["ratio"], r["figure"] / r["reference_figure"])
+    assert len({(r["case"], r["reference"]) for r in records}) == len(records), "cases must be distinct"
+
+
+# -- the records and their table ---------------------------------------------------------------------
+
+def test_a_record_holds_the_figure_its_reference_and_their_ratio():
+    r = report.record("ps", "round trip", 3e9, "B/s", "raw MPI", 4e9)
+    assert list(r) == list(report.KEYS)
+    assert r["ratio"] == pytest.approx(0.75)
+    assert math.isnan(report.record("x", "c", 1.0, "s", "ref", 0.0)["ratio"])
+
+
+def test_sizes_parse_with_binary_suffixes_and_bad_ones_name_the_text():
+    assert report.parse_sizes("4K, 64MiB,1e6,512") == [4096, 64 << 20, 1_000_000, 512]
+    assert report.size_label(4096) == "4 KiB" and report.size_label(64 << 20) == "64 MiB"
+    assert report.size_label(1000) == "1000 B"
+    with pytest.raises(ValueError, match="'12Q'"):
+        report.parse_size("12Q")
+    with pytest.raises(ValueError, match="whole number"):
+        report.parse_size("0.5")
+
+
+def test_figures_print_in_readable_units(capsys):
+    assert report.human(2.5e9, "B/s") == "2.50 GB/s"
+    assert report.human(3.2e-6, "s") == "3.2 us"
+    assert report.human(0.0171, "s") == "17.1 ms"
+    rows = [report.record("overhead", "bsp", 0.0115, "s", "single process", 0.01),
+            report.record("overhead", "asp", 0.02, "s", "single process", 0.01)]
+    report.print_table("title", rows, {"bsp": ("<=", 1.15), "asp": ("<=", 1.15)})
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "title"
+    assert out[3].rstrip().endswith("<= 1.15 yes") and out[4].rstrip().endswith("<= 1.15 NO")
+
+
+def test_alternate_times_every_function_the_same_number_of_times():
+    calls = {"a": 0, "b": 0}
+
+    def a():
+        calls["a"] += 1
+
+    def b():
+        calls["b"] += 1
+
+    medians = report.alternate([a, b], reps=5, warmup=2)
+    assert calls == {"a": 7, "b": 7}
+    assert len(medians) == 2 and all(m >= 0 for m in medians)
+
+
+# -- the command ----------------------------------------------------------------------------------
+
+def test_every_kind_names_a_module_with_main():
+    import importlib
+
+    assert set(KINDS) == {"mpi", "ps", "overhead", "nn", "zipline"}
+    for name, kind in KINDS.items():
+        assert callable(importlib.import_module(kind.module).main), name
+
+
+@pytest.mark.parametrize("kind", ["mpi", "ps", "overhead"], ids=lambda kind: f"bench-{kind}")  # not "mpi":
+# pytest-mpi would take that id for its marker
+def test_a_kind_that_needs_ranks_says_how_to_start_it(kind):
+    p = subprocess.run([sys.executable, "-m", "ebsp_mpi", "bench", kind], capture_output=True, text=True,
+                       timeout=60, env=child_env())
+    assert p.returncode == 2
+    assert f"mpiexec -n 2 python -m ebsp_mpi bench {kind}" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_an_unknown_kind_is_refused_with_the_list():
+    p = subprocess.run([sys.executable, "-m", "ebsp_mpi", "bench", "gpu"], capture_output=True, text=True,
+                       timeout=60, env=child_env())
+    assert p.returncode == 2
+    assert "'gpu'" in p.stderr and all(f"'{kind}'" in p.stderr for kind in KINDS)
+
+
+def test_zipline_writes_one_record_per_comparison(tmp_path):
+    records, out = run_bench(tmp_path, "zipline", "--reps", "1", "--brute-limit", "1e5")
+    check_records(records, "zipline")
+    assert {r["reference"] for r in records} == {"heapq scan", "brute force"}
+    assert sum(r["reference"] == "heapq scan" for r in records) == 6  # every instance
+    assert "heap/zipline" in out
+
+
+def test_nn_writes_one_record_per_layer_case(monkeypatch):
+    pytest.importorskip("torch")
+    from ebsp_mpi.bench import nn
+
+    # the layer shapes shrunk so that the comparison runs in a moment
+    monkeypatch.setattr(nn, "DENSE", ((4, 8, 6),))
+    monkeypatch.setattr(nn, "CONV", ((2, 3, 4, 6),))
+    monkeypatch.setattr(nn, "POOL", ((2, 3, 4),))
+    monkeypatch.setattr(nn, "SGD_SIZE", 1000)
+    records: list[dict] = []
+    assert nn.main(["--reps", "2", "--warmup", "1"], records=records) == 0
+    check_records(records, "nn")
+    assert [r["case"].split()[0] for r in records] == ["Dense", "Conv2D", "MaxPool2D", "SGD.step"]
+
+
+# -- under mpiexec --------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_mpi_measures_bandwidth_and_latency_for_every_size(tmp_path):
+    records, out = run_bench(tmp_path, "mpi", "--sizes", "4K,64K", "--reps", "3", "--warmup", "1", ranks=3)
+    check_records(records, "mpi")
+    assert [r["case"] for r in records] == ["bandwidth 4 KiB", "latency 4 KiB", "bandwidth 64 KiB",
+                                            "latency 64 KiB"]
+    assert [r["unit"] for r in records] == ["B/s", "s", "B/s", "s"]
+    for bandwidth, latency, size in zip(records[::2], records[1::2], (4096, 65536)):
+        assert bandwidth["figure"] == pytest.approx(size / latency["figure"])
+    assert "raw MPI ping-pong" in out
+
+
+@pytest.mark.slow
+def test_ps_runs_the_server_with_each_number_of_workers(tmp_path):
+    records, out = run_bench(tmp_path, "ps", "--sizes", "2e3", "--iterations", "4", "--warmup", "1",
+                             "--reps", "2", ranks=3)
+    check_records(records, "ps")
+    trips = [r for r in records if r["case"].startswith("round trip")]
+    updates = [r for r in records if r["case"].startswith("update")]
+    assert [r["case"].split(", ")[-1] for r in trips] == ["1 worker(s)", "2 worker(s)"]
+    assert {r["reference"] for r in trips} == {"raw MPI, same messages"}
+    assert len(updates) == 2 and {r["reference"] for r in updates} == {"numpy axpy"}
+    assert all(r["unit"] == "B/s" for r in records)
+
+
+@pytest.mark.slow
+def test_overhead_compares_bsp_with_the_single_process_trainer(tmp_path):
+    records, out = run_bench(tmp_path, "overhead", "--iterations", "6", "--warmup", "2", "--reps", "1",
+                             "--set", "model.hidden=[16]", "--set", "data.synthetic_samples=400", ranks=2)
+    check_records(records, "overhead")
+    assert [("traces on" in r["case"], "traces off" in r["case"]) for r in records] == [(True, False),
+                                                                                       (False, True)]
+    assert all(r["reference"] == "single process" and r["unit"] == "s" for r in records)
+    assert "batch 64" in records[0]["case"]
+
+
+@pytest.mark.slow
+def test_bsp_with_one_worker_trains_exactly_what_the_single_process_trainer_does(tmp_path):
+    """The premise of ``bench overhead``: same model, batch and data, so the same arithmetic."""
+    from ebsp_mpi.bench.overhead import JOB
+
+    job = [o for o in JOB if not o.startswith("model.hidden")] + [
+        "model.hidden=[32,16]", "data.synthetic_samples=600", "stop.iterations=25",
+        "optim.weight_decay=1e-4", "optim.nesterov=true"]
+    p = train(2, tmp_path / "mpi", *job, timeout=120)
+    assert p.returncode == 0, p.stderr
+    q = local(tmp_path / "local", *job, timeout=120)
+    assert q.returncode == 0, q.stderr
+    a, attrs_a = read_model(tmp_path / "mpi" / "model.h5")
+    b, attrs_b = read_model(tmp_path / "local" / "model.h5")
+    assert attrs_a["version"] == attrs_b["version"] == 25
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
