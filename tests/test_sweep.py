@@ -194,7 +194,7 @@ def test_mpiexec_is_the_option_then_env_then_beside_python_then_path(tmp_path, m
     (on_path / "mpiexec").chmod(0o755)
     got = sw.find_mpiexec(None, env={"PATH": str(on_path)})
     assert got == [str(beside)] if beside.is_file() else got == [str(on_path / "mpiexec")]
-    monkeypatch.setattr(sw.sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
     assert sw.find_mpiexec(None, env={"PATH": str(on_path)}) == [str(on_path / "mpiexec")]
     with pytest.raises(sw.SweepError, match="--mpiexec"):
         sw.find_mpiexec(None, env={"PATH": str(tmp_path / "empty")})

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from dataclasses import dataclass
 
 import numpy as np

