@@ -265,15 +265,19 @@ def _grouped_positions(workers: int, groups: int, width: float = 0.8) -> np.ndar
     return np.arange(workers)[:, None] + (np.arange(groups) - (groups - 1) / 2)[None, :] * step
 
 
-def wait_distribution(runs: Sequence[Run], path: Path) -> str:
+def _per_worker_axes(runs: Sequence[Run], fill: float):
+    """The common frame of the per-worker figures: one group of boxes or bars per worker, one member
+    per sync model. Returns (runs by label, colours, workers, slowest worker, x positions (workers,
+    labels), box width, figure, axes)."""
     by_label = _by_label(runs)
-    colour = colours(runs)
     workers = max(r.frames.workers for r in runs)
-    slow = _common_slowest(runs)
-    pos = _grouped_positions(workers, len(by_label))
-    width = 0.8 / len(by_label) * 0.85
     fig = Figure(figsize=(11, 6), layout="constrained")
-    ax = fig.add_subplot()
+    return (by_label, colours(runs), workers, _common_slowest(runs), _grouped_positions(workers, len(by_label)),
+            0.8 / len(by_label) * fill, fig, fig.add_subplot())
+
+
+def wait_distribution(runs: Sequence[Run], path: Path) -> str:
+    by_label, colour, workers, slow, pos, width, fig, ax = _per_worker_axes(runs, 0.85)
     fast_median = {}
     for j, (label, group) in enumerate(by_label.items()):
         it = _concat([r.frames.table("iterations") for r in group])
@@ -318,14 +322,7 @@ def _concat(frames):
 
 
 def iteration_rate(runs: Sequence[Run], path: Path) -> str:
-    by_label = _by_label(runs)
-    colour = colours(runs)
-    workers = max(r.frames.workers for r in runs)
-    slow = _common_slowest(runs)
-    pos = _grouped_positions(workers, len(by_label))
-    width = 0.8 / len(by_label) * 0.9
-    fig = Figure(figsize=(11, 6), layout="constrained")
-    ax = fig.add_subplot()
+    by_label, colour, workers, slow, pos, width, fig, ax = _per_worker_axes(runs, 0.9)
     ratio = {}
     for j, (label, group) in enumerate(by_label.items()):
         rates = np.full((len(group), workers), np.nan)
