@@ -52,8 +52,9 @@ def test_ssp_never_starts_an_iteration_beyond_the_staleness_bound(s, tmp_path):
     p = train(4, tmp_path, "sync.model=ssp", f"sync.staleness={s}", "stop.iterations=40", *STRAGGLER)
     assert p.returncode == 0, p.stderr
     its = worker_iterations(tmp_path)
-    # iteration k of worker i starts at t_start with done_i = k; done_j(t) = pushes of j completed by t
-    # (a push is done at t_push, an upper bound of its arrival, so the check errs towards failing)
+    # iteration k of worker i starts at t_start with done_i = k; done_j(t) = pushes j posted by t (a push
+    # counts from t_push, a little before it arrives, so a release inside that gap could go unseen here;
+    # tests/test_sync_policies.py checks the bound exactly, event by event)
     pushes = {w: np.sort(rows["t_push"]) for w, rows in its.items()}
     for w, rows in its.items():
         for k, t in zip(rows["iteration"], rows["t_start"]):
