@@ -75,6 +75,8 @@ class SyncPolicy(ABC):
         self.workers = workers
         self.done = np.zeros(workers, dtype=np.int64)
         self.active: set[int] = set(range(workers))
+        #: the active workers as a sorted index array, for vectorized reductions over ``done``
+        self.active_index = np.arange(workers)
         self.held: set[int] = set()
         self._records: list[Record] = []
 
@@ -99,6 +101,7 @@ class SyncPolicy(ABC):
         """Remove a worker that stopped; nobody waits for it any more."""
         self._check_worker(worker)
         self.active.discard(worker)
+        self.active_index = self.active_index[self.active_index != worker]
         self.held.discard(worker)
         decision = self._decide_leave(worker, t)
         release = tuple(w for w in decision.release if w in self.active)
@@ -118,10 +121,10 @@ class SyncPolicy(ABC):
     # -- helpers -----------------------------------------------------------------------------
 
     def min_done(self) -> int:
-        """Pushes of the slowest active worker (0 when none is active)."""
-        if not self.active:
+        """Pushes of the slowest active worker (0 when none is active); one reduction over ``done``."""
+        if not len(self.active_index):
             return 0
-        return int(min(self.done[w] for w in self.active))
+        return int(self.done[self.active_index].min())
 
     def take_records(self) -> list[Record]:
         """Trace rows produced since the last call (barriers, ZipLine calls, ...); clears them."""

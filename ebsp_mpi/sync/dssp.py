@@ -174,7 +174,7 @@ class DSSP(SSP):
     def _predict_slowest_push(self) -> float | None:
         """When the minimum over active workers rises: the latest next push of those at the minimum."""
         floor = self.min_done()
-        slowest = self._active_index[self.done[self._active_index] == floor]
+        slowest = self.active_index[self.done[self.active_index] == floor]
         if floor < MIN_HISTORY or not len(slowest):
             return None
         next_push = self._released_at[slowest] + self._interval[slowest]

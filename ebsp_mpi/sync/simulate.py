@@ -139,16 +139,14 @@ def simulate(policy: SyncPolicy, intervals: Intervals, iterations: int, *, t0: f
     releases: list[Release] = []
     pending: list[tuple[float, int]] = []  # heap of (push time, worker)
     pulled_at: list[float | None] = [t0] * n  # time a worker's pull became pending; None: not pending
-    active = np.ones(n, dtype=bool)  # the sim's own copy: policy.min_done() may be O(workers) in Python
 
     def apply(decision: Decision, t: float, leaving: int = -1) -> None:
         released = tuple(w for w in decision.release if w != leaving)
         if not released:
             return
-        floor = int(policy.done[active].min()) if active.any() else 0
         releases.append(
-            Release(t, released, tuple(int(policy.done[w]) for w in released), floor,
-                    int(active.sum()), decision.apply_round)
+            Release(t, released, tuple(int(policy.done[w]) for w in released), policy.min_done(),
+                    len(policy.active), decision.apply_round)
         )
         for w in released:
             since = pulled_at[w]
@@ -170,7 +168,6 @@ def simulate(policy: SyncPolicy, intervals: Intervals, iterations: int, *, t0: f
         apply(policy.on_push(w, t), t, leaving=w if last else -1)
         if last:
             pulled_at[w] = None
-            active[w] = False
             apply(policy.on_leave(w, t), t, leaving=w)
 
     stuck = [w for w in range(n) if pulled_at[w] is not None or len(log[w]) < iterations]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import operator
 
-import numpy as np
 
 from .base import Decision, SyncPolicy
 
@@ -60,16 +59,6 @@ class SSP(SyncPolicy):
         self.staleness = check_count("staleness", staleness)
         # min_j done_j at the last decision: held workers can only become free when it rises.
         self._floor = 0
-        # Sorted active workers as an index array, rebuilt when one leaves (the set only shrinks).
-        self._active_index = np.arange(workers)
-
-    def min_done(self) -> int:
-        """Pushes of the slowest active worker (0 when none is active); vectorized over workers."""
-        if len(self._active_index) != len(self.active):
-            self._active_index = np.fromiter(sorted(self.active), dtype=np.int64, count=len(self.active))
-        if not len(self._active_index):
-            return 0
-        return int(self.done[self._active_index].min())
 
     def lead(self, worker: int) -> int:
         """How many iterations ``worker`` is ahead of the slowest active worker: done_i - min_j done_j."""
