@@ -5,7 +5,10 @@ import math
 import numpy as np
 import pytest
 
-from ebsp_mpi.nn import SGD, build_model, make_schedule
+from ebsp_mpi.nn import SGD, build_model, kernels, make_schedule
+
+needs_numba = pytest.mark.skipif(not kernels.AVAILABLE, reason="needs numba")
+FUSED = [False, pytest.param(True, marks=needs_numba)]
 
 
 def reference_sgd(p, grads, lrs, mu, nesterov, wd):
@@ -27,12 +30,13 @@ def reference_sgd(p, grads, lrs, mu, nesterov, wd):
     (0.9, True, 0.0), (0.8, True, 1e-2),
 ])
 @pytest.mark.parametrize("size", [37, 70001])   # 70001 spans several CPU blocks
-def test_sgd_matches_reference(mu, nesterov, wd, size):
+@pytest.mark.parametrize("fused", FUSED)
+def test_sgd_matches_reference(mu, nesterov, wd, size, fused):
     rng = np.random.default_rng(0)
     p0 = rng.normal(size=size)
     grads = [rng.normal(size=size) for _ in range(4)]
     lrs = [0.1, 0.05, 0.2, 0.01]
-    opt = SGD(size, momentum=mu, nesterov=nesterov, weight_decay=wd, dtype=np.float64)
+    opt = SGD(size, momentum=mu, nesterov=nesterov, weight_decay=wd, dtype=np.float64, fused=fused)
     p = p0.copy()
     for g, lr in zip(grads, lrs):
         g_before = g.copy()
@@ -42,11 +46,12 @@ def test_sgd_matches_reference(mu, nesterov, wd, size):
     np.testing.assert_allclose(p, want, rtol=1e-13, atol=1e-14)
 
 
-def test_sgd_per_tensor_slices_equal_whole_buffer():
+@pytest.mark.parametrize("fused", FUSED)
+def test_sgd_per_tensor_slices_equal_whole_buffer(fused):
     rng = np.random.default_rng(1)
     p0, grads = rng.normal(size=50), [rng.normal(size=50) for _ in range(3)]
-    whole = SGD(50, momentum=0.9, nesterov=True, dtype=np.float64)
-    sliced = SGD(50, momentum=0.9, nesterov=True, dtype=np.float64)
+    whole = SGD(50, momentum=0.9, nesterov=True, dtype=np.float64, fused=fused)
+    sliced = SGD(50, momentum=0.9, nesterov=True, dtype=np.float64, fused=fused)
     a, b = p0.copy(), p0.copy()
     for g in grads:
         whole.step(a, g, 0.1)
@@ -67,6 +72,53 @@ def test_sgd_float32_and_errors():
         opt.step(p, p.copy(), 0.1, offset=2)
     with pytest.raises(ValueError, match=r"grad \(3,\)"):
         opt.step(p, np.ones(3, dtype=np.float32), 0.1)
+
+
+@needs_numba
+@pytest.mark.parametrize("mu,nesterov,wd", [
+    (0.0, False, 0.0), (0.0, False, 5e-4), (0.9, False, 0.0), (0.9, False, 5e-4),
+    (0.9, True, 0.0), (0.5, True, 1e-2),
+])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fused_step_is_bit_identical_to_numpy(mu, nesterov, wd, dtype):
+    """The oracle and the server may take different paths; their parameters must agree to the bit."""
+    rng = np.random.default_rng(2)
+    size = 100_003
+    p0 = rng.normal(size=size).astype(dtype)
+    fused, numpy_path = (SGD(size, momentum=mu, nesterov=nesterov, weight_decay=wd, dtype=dtype, fused=f)
+                         for f in (True, False))
+    assert fused.fused and not numpy_path.fused
+    a, b = p0.copy(), p0.copy()
+    for lr in [0.1, 0.037, 0.2, 1e-3, 0.05]:
+        g = (rng.normal(size=size) * rng.uniform(1e-4, 10)).astype(dtype)
+        fused.step(a, g, lr)
+        numpy_path.step(b, g, lr)
+    assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+    assert np.array_equal(fused.velocity.view(np.uint8), numpy_path.velocity.view(np.uint8))
+    assert not np.array_equal(a, p0)
+
+
+@needs_numba
+def test_fused_falls_back_where_it_does_not_fit():
+    opt = SGD(10, momentum=0.9, dtype=np.float32, fused=True)
+    p = np.ones(20, dtype=np.float32)[::2]                 # strided: the NumPy path takes it
+    assert not kernels.fits(p, np.ones(10, np.float32), opt.velocity)
+    opt.step(p, np.ones(10, dtype=np.float32), 0.5)
+    assert np.allclose(p, 0.5)
+
+
+@needs_numba
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_all_finite_finds_every_kind_of_non_finite(dtype):
+    info = np.finfo(dtype)
+    ok = np.array([0.0, -0.0, 1.0, -1.0, info.max, -info.max, info.tiny, info.smallest_subnormal],
+                  dtype=dtype)
+    assert kernels.all_finite(ok) and kernels.all_finite(ok[:0])
+    for bad in (np.nan, -np.nan, np.inf, -np.inf):
+        for where in (0, 3, 1000, 4095):
+            a = np.ones(4096, dtype=dtype)
+            a[where] = bad
+            assert not kernels.all_finite(a), (bad, where)
 
 
 def test_constant_and_step_schedules():

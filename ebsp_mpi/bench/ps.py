@@ -16,10 +16,11 @@ and each number k of workers at once (default 1 ... N-1; the other ranks sleep i
   header (``Isend``) and receives the same reply (``Irecv``), rank 0 receives every worker's push and
   answers each, all with blocking ``Waitall`` and nothing computed. Measured before and after the
   runtime's round trip; the median of both.
-- **update**: the server's per-push work on a P-element gradient (``server._all_finite`` and the
+- **update**: the server's per-push work on a P-element gradient (``nn.kernels.all_finite`` and the
   job's ``SGD.step``, momentum 0.9) in bytes of gradient per second, against ``y += a * x`` in place
-  on the same sizes without temporaries (``multiply(x, a, out=t); add(y, t, out=y)``), timed
-  alternately on rank 0.
+  on the same sizes (``multiply(x, a, out=t); add(y, t, out=y)``), timed alternately on rank 0. Also
+  shown: the same work done with NumPy passes instead of the fused loops, and the fused work against
+  a compiled one-pass axpy, which moves 3 arrays' worth of bytes where momentum SGD must move 5.
 """
 
 from __future__ import annotations
@@ -50,9 +51,9 @@ def hidden_for(params: int) -> int:
     return max(1, round((params - CLASSES) / (FEATURES + 1 + CLASSES)))
 
 
-def job_for(params: int, iterations: int, sync: str, trace: bool):
+def job_for(params: int, iterations: int, sync: str, trace: bool, overrides: list[str] = ()):
     """A job for the runtime whose model has about `params` float32 parameters; no evaluation, no
-    stragglers, batch 1 (the benchmark's workers compute nothing anyway)."""
+    stragglers, batch 1 (the benchmark's workers compute nothing anyway); then `overrides`."""
     from ..config import load_job
 
     return load_job(None, [
@@ -60,7 +61,7 @@ def job_for(params: int, iterations: int, sync: str, trace: bool):
         "data.synthetic_samples=200", "data.batch_size=1", "model.kind=mlp",
         f"model.hidden=[{hidden_for(params)}]", f"stop.iterations={iterations}", "stop.epochs=0",
         "eval.every_seconds=1e9", "straggler.enabled=false", f"trace.enabled={str(trace).lower()}",
-        f"sync.model={sync}"])
+        f"sync.model={sync}", *overrides])
 
 
 def chunks_of(job) -> tuple[int, list]:
@@ -174,7 +175,7 @@ def round_trip_case(world_comm, params: int, k: int, args) -> tuple[list[dict], 
     parts: dict = {}
     if sub is not None:
         ctx = runtime_comm.setup(sub)
-        job = job_for(params, args.warmup + args.iterations, args.sync, not args.no_trace)
+        job = job_for(params, args.warmup + args.iterations, args.sync, not args.no_trace, args.set)
         size, chunks = chunks_of(job) if ctx.rank == 0 else (None, None)
         size, chunks = ctx.comm.bcast((size, chunks), root=0)
         total = args.warmup + args.iterations
@@ -204,32 +205,64 @@ def round_trip_case(world_comm, params: int, k: int, args) -> tuple[list[dict], 
 def update_case(params: int, reps: int) -> list[dict]:
     """Rank 0: the server's per-push update against an in-place axpy on `params` float32."""
     from .. import build
-    from ..runtime.server import _all_finite
+    from ..nn import kernels
 
     job = job_for(params, 1, "asp", False)
     opt = build.optimizer(job, params)
+    numpy_opt = build.optimizer(job, params)
+    numpy_opt.fused = False
     rng = np.random.default_rng(0)
     p = rng.standard_normal(params, dtype=np.float32)
     g = rng.standard_normal(params, dtype=np.float32) * np.float32(1e-3)
     y, x, tmp = p.copy(), g.copy(), np.empty_like(p)
     lr = float(job.optim.lr)
+    a = np.float32(lr)
 
     def update():
-        if _all_finite(g):
+        if kernels.all_finite(g):
             opt.step(p, g, lr)
 
-    def step():
-        opt.step(p, g, lr)
+    def numpy_update():
+        if np.isfinite(g.max()) and np.isfinite(g.min()):
+            numpy_opt.step(p, g, lr)
 
     def axpy():
-        np.multiply(x, lr, out=tmp)
+        np.multiply(x, a, out=tmp)
         np.add(y, tmp, out=y)
 
-    t_update, t_step, t_axpy = alternate([update, step, axpy], reps, warmup=2)
+    fns = {"update": update, "numpy update": numpy_update, "axpy": axpy}
+    if kernels.AVAILABLE:
+        fns["compiled axpy"] = lambda: _compiled_axpy()(y, x, a)
+    t = dict(zip(fns, alternate(list(fns.values()), reps, warmup=2)))
     nbytes = 4 * params
     name = f"{params:,} params ({nbytes / 2**20:.2f} MiB)"
-    return [record("ps", f"update {name}: check + SGD", nbytes / t_update, "B/s", "numpy axpy", nbytes / t_axpy),
-            record("ps", f"update {name}: SGD.step", nbytes / t_step, "B/s", "numpy axpy", nbytes / t_axpy)]
+    how = "fused" if opt.fused else "numpy"
+    out = [record("ps", f"update {name}: check + SGD ({how})", nbytes / t["update"], "B/s", "numpy axpy",
+                  nbytes / t["axpy"]),
+           record("ps", f"update {name}: check + SGD (numpy passes)", nbytes / t["numpy update"], "B/s",
+                  "numpy axpy", nbytes / t["axpy"])]
+    if "compiled axpy" in t:
+        out.append(record("ps", f"update {name}: check + SGD ({how}) vs one-pass axpy", nbytes / t["update"],
+                          "B/s", "compiled axpy", nbytes / t["compiled axpy"]))
+    return out
+
+
+def _compiled_axpy():
+    """``y += a * x`` as one compiled loop: three streams of memory traffic, the bandwidth limit
+    (momentum SGD needs five, so its ceiling against this is 3/5)."""
+    global _AXPY
+    if _AXPY is None:
+        import numba
+
+        @numba.njit(nogil=True, boundscheck=False)
+        def axpy(y, x, a):
+            for i in range(y.shape[0]):
+                y[i] = y[i] + x[i] * a
+        _AXPY = axpy
+    return _AXPY
+
+
+_AXPY = None
 
 
 def main(argv=None, records: list | None = None) -> int:
@@ -243,6 +276,8 @@ def main(argv=None, records: list | None = None) -> int:
     parser.add_argument("--reps", type=int, default=15, help="timed repetitions of each update (median)")
     parser.add_argument("--sync", default="bsp", choices=POLICIES, help="the server's sync model (default bsp)")
     parser.add_argument("--no-trace", action="store_true", help="run the server and workers without traces")
+    parser.add_argument("--set", dest="set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a key of the round trip's job, e.g. --set runtime.chunk_bytes=524288")
     args = parser.parse_args(argv)
     require_ranks("ps", 2)
     sizes = parse_sizes(args.sizes)
@@ -278,7 +313,7 @@ def main(argv=None, records: list | None = None) -> int:
                                                  for name in ("push", "server + pull", "other")))
             print()
         print_table(f"the server's update per push (momentum SGD), bytes of gradient per second; median of "
-                    f"{args.reps}", updates, {r["case"]: TARGET for r in updates if "check" in r["case"]})
+                    f"{args.reps}", updates, {r["case"]: TARGET for r in updates if r["reference"] == "numpy axpy"})
         if records is not None:
             records += trips + updates
     return 0
