@@ -21,6 +21,7 @@ from mpi4py import MPI
 
 from .. import __version__, build
 from ..config import JobConfig, to_dict
+from ..nn.kernels import all_finite
 from ..outputs import AccuracyTargets, write_model, write_summary
 from ..progress import Progress
 from ..sync.registry import make_policy
@@ -82,16 +83,18 @@ class Server:
         self.grads = [np.empty_like(self.params) for _ in range(n)]
         self.push_headers = [header(PUSH_FIELDS) for _ in range(n)]
         self.recvs: list[MPI.Prequest] = []
-        self.part_of: list[tuple] = []  # request index -> (worker, expected count, MPI datatype)
+        self.part_of: list[tuple] = []  # request index -> (worker, expected count, MPI datatype, gradient chunk)
         for w in range(n):
             for c in self.chunks:
-                self.recvs.append(ctx.comm.Recv_init([self.grads[w][c.start:c.stop], MPI.FLOAT], w + 1, c.tag))
-                self.part_of.append((w, c.size, MPI.FLOAT))
+                piece = self.grads[w][c.start:c.stop]
+                self.recvs.append(ctx.comm.Recv_init([piece, MPI.FLOAT], w + 1, c.tag))
+                self.part_of.append((w, c.size, MPI.FLOAT, piece))
             self.recvs.append(ctx.comm.Recv_init([self.push_headers[w], MPI.DOUBLE], w + 1, PUSH_TAG))
-            self.part_of.append((w, len(PUSH_FIELDS), MPI.DOUBLE))
+            self.part_of.append((w, len(PUSH_FIELDS), MPI.DOUBLE, None))
         self.parts = len(self.chunks) + 1
         self.statuses = [MPI.Status() for _ in self.recvs]
         self.missing = np.zeros(n, dtype=np.int64)  # parts of the current push not yet arrived
+        self.bad = np.zeros(n, dtype=bool)  # a chunk of the current push held NaN or Inf
         self.round_sum = np.empty_like(self.params) if self.policy.round_based else None
         self.round_members: list[int] = []
 
@@ -147,11 +150,13 @@ class Server:
             return False
         now = self.ctx.now()
         for k, i in enumerate(done):  # statuses[k] belongs to done[k], as in MPI_Testsome
-            w, expected, datatype = self.part_of[i]
+            w, expected, datatype, piece = self.part_of[i]
             count = self.statuses[k].Get_count(datatype)
             if count != expected:
                 raise ProtocolError(f"push from rank {w + 1}: message with tag {self.statuses[k].Get_tag()} "
                                     f"has {count} values, expected {expected}")
+            if piece is not None and not all_finite(piece):  # checked now, while the chunk is in cache
+                self.bad[w] = True
             self.last_heard[w] = now
             self.missing[w] -= 1
             if self.missing[w] == 0:
@@ -164,7 +169,7 @@ class Server:
         if iteration != self.pushes[w]:
             raise ProtocolError(f"push from rank {w + 1}: iteration {iteration}, expected {self.pushes[w]}")
         version_before = self.version
-        rejected = not _all_finite(grad)
+        rejected = bool(self.bad[w])
         if rejected:
             self.rejected += 1
             log.warning("rejected push %d of rank %d: NaN or Inf in the gradient", iteration, w + 1)
@@ -192,20 +197,21 @@ class Server:
         while pending:
             decision = pending.pop()
             self._write_policy_records()
+            released = [(w, self._must_stop(w, t)) for w in decision.release if w not in self.left]
             if decision.apply_round:
-                self._apply_round()
-            if not decision.release:
-                continue
-            snapshot = self._reply_buffer()
-            for w in decision.release:
-                if w in self.left:
-                    continue
-                stop = self._limit_reached(w) or bool(self.job.stop.seconds and t >= self.job.stop.seconds)
-                self._reply(w, snapshot, stop, t)
+                self._apply_round(released, t)
+            elif released:
+                buffer = self._reply_buffer()
+                for w, stop in released:
+                    self._reply(w, buffer, stop, t)
+            for w, stop in released:
                 if stop:
                     self.left.add(w)
                     pending.append(self.policy.on_leave(w, t))
         self._write_policy_records()
+
+    def _must_stop(self, w: int, t: float) -> bool:
+        return self._limit_reached(w) or bool(self.job.stop.seconds and t >= self.job.stop.seconds)
 
     def _retire(self, w: int, t: float) -> None:
         """Send `w` its stop reply and let the policy forget it (which may release others)."""
@@ -213,24 +219,38 @@ class Server:
         self.left.add(w)
         self._decide(self.policy.on_leave(w, t), t)
 
-    def _apply_round(self) -> None:
-        """BSP: the mean of the round's gradients, summed in worker order, as one optimizer step."""
+    def _apply_round(self, released: list[tuple[int, bool]], t: float) -> None:
+        """BSP: the mean of the round's gradients, summed in worker order, as one optimizer step; and
+        the replies to the `released` ``(worker, stop)`` pulls.
+
+        The step runs chunk by chunk, and each chunk of the new weights is sent as soon as it is
+        updated: a worker copies chunk k (MPI's receiver does the copy) while the server updates
+        chunk k+1. Per element the arithmetic is that of one step over the whole buffer.
+        """
         members = sorted(self.round_members)
         self.round_members.clear()
         self.rounds += 1
-        if not members:
-            return  # every push of the round was rejected
-        if len(members) == 1:
-            mean = self.grads[members[0]]  # the mean of one gradient is itself, bit for bit
-        else:
-            mean = self.round_sum
-            np.add(self.grads[members[0]], self.grads[members[1]], out=mean)
-            for w in members[2:]:
-                mean += self.grads[w]
-            mean *= np.float32(1.0 / len(members))
         self._settle_replies()
-        self.opt.step(self.params, mean, self.lr_at(self.version))
-        self.version += 1
+        lr = self.lr_at(self.version)
+        if members:  # else every push of the round was rejected, and the weights stay as they are
+            self.version += 1
+        replies = [self._reply(w, self.params, stop, t, send_weights=False) for w, stop in released]
+        for c in self.chunks:
+            if members:
+                self.opt.step(self.params[c.start:c.stop], self._round_mean(members, c), lr, offset=c.start)
+            for r in replies:
+                r.requests.append(self.ctx.comm.Isend([self.params[c.start:c.stop], MPI.FLOAT], r.worker + 1, c.tag))
+
+    def _round_mean(self, members: list[int], c) -> np.ndarray:
+        """Chunk `c` of the mean of the members' gradients, summed in worker order (as the oracle)."""
+        if len(members) == 1:
+            return self.grads[members[0]][c.start:c.stop]  # the mean of one gradient is itself, bit for bit
+        mean = self.round_sum[c.start:c.stop]
+        np.add(self.grads[members[0]][c.start:c.stop], self.grads[members[1]][c.start:c.stop], out=mean)
+        for w in members[2:]:
+            mean += self.grads[w][c.start:c.stop]
+        mean *= np.float32(1.0 / len(members))
+        return mean
 
     def _limit_reached(self, w: int) -> bool:
         """`w` has pushed its last iteration (``stop.iterations`` / ``stop.epochs``)."""
@@ -270,19 +290,26 @@ class Server:
         np.copyto(buf, self.params)
         return buf
 
-    def _reply(self, w: int, snapshot: np.ndarray, stop: bool, t: float) -> None:
+    def _reply(self, w: int, snapshot: np.ndarray, stop: bool, t: float,
+               send_weights: bool = True) -> _PendingReply:
+        """Answer `w`'s pull: post the receives of its next push, send the header and (unless the caller
+        sends them itself, chunk by chunk) the weights from `snapshot`."""
         if not stop:
             # post the receives of w's next push before w can send it
             self.missing[w] = self.parts
+            self.bad[w] = False
             MPI.Prequest.Startall(self.recvs[w * self.parts:(w + 1) * self.parts])
         head = header(PULL_FIELDS)
         head[:] = (self.version, 1.0 if stop else 0.0)
         comm = self.ctx.comm
         requests = [comm.Isend([head, MPI.DOUBLE], w + 1, PULL_TAG)]
-        requests += [comm.Isend([snapshot[c.start:c.stop], MPI.FLOAT], w + 1, c.tag) for c in self.chunks]
-        self.replies.append(_PendingReply(w, requests, snapshot, head, t))
+        if send_weights:
+            requests += [comm.Isend([snapshot[c.start:c.stop], MPI.FLOAT], w + 1, c.tag) for c in self.chunks]
+        reply = _PendingReply(w, requests, snapshot, head, t)
+        self.replies.append(reply)
         self.last_heard[w] = t
         self.trace.append("pulls", (w, self.pull_requested[w], t, self.version))
+        return reply
 
     def _complete_replies(self) -> bool:
         finished = [r for r in self.replies if MPI.Request.Testall(r.requests)]
@@ -379,10 +406,3 @@ class Server:
         self.trace.set_attrs(rejected_pushes=self.rejected)
         self.trace.close()
         return summary
-
-
-def _all_finite(a: np.ndarray) -> bool:
-    """True when `a` holds no NaN or Inf: min and max propagate NaN, and +-Inf is an extreme itself.
-    Two reductions, no temporary array (``np.isfinite(a).all()`` would allocate one per push)."""
-    return bool(np.isfinite(a.max()) and np.isfinite(a.min()))
-
