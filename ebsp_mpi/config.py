@@ -123,8 +123,11 @@ class StragglerConfig:
 class RuntimeConfig:
     stall_timeout_s: float = _opt(60.0, "abort when a worker has been silent this many seconds", gt=0.0)
     cuda_aware_mpi: bool = _opt(False, "send device buffers directly (needs a CUDA-aware MPI)")
-    chunk_bytes: int = _opt(4 << 20, "largest message: bigger tensors go in chunks of this many bytes",
+    chunk_bytes: int = _opt(512 << 10, "largest message: bigger tensors go in chunks of this many bytes "
+                                       "(small chunks let a reply's copy overlap the server's update)",
                             min=1024)
+    wait_free_backprop: bool = _opt(True, "push each layer's gradient as soon as its backward pass ends "
+                                          "(Poseidon's WFBP), not after the whole backward pass")
 
 
 @dataclass

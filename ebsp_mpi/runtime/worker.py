@@ -2,8 +2,12 @@
 
 Messages go through persistent requests on preallocated buffers (the ``ParamSpace`` buffers on the
 CPU; host staging buffers on a GPU unless ``runtime.cuda_aware_mpi``): the pull receives are posted
-before the push is sent, so the server's reply always finds them, and neither buffer is touched while
-its request is active.
+before the push header is sent, so the server's reply always finds them, and neither buffer is touched
+while its request is active.
+
+With ``runtime.wait_free_backprop`` (Poseidon's WFBP) each layer's gradient chunks go out the moment
+its backward pass has written them, while the earlier layers still compute; the header, sent last,
+completes the push (after any injected straggler delay).
 """
 
 from __future__ import annotations
@@ -56,8 +60,11 @@ class Worker:
         comm = ctx.comm
         self.push_header = header(PUSH_FIELDS)
         self.pull_header = header(PULL_FIELDS)
+        self.chunks = chunks
         self.pushes = [comm.Send_init([self.grad_buf[c.start:c.stop], MPI.FLOAT], 0, c.tag) for c in chunks]
         self.pushes.append(comm.Send_init([self.push_header, MPI.DOUBLE], 0, PUSH_TAG))
+        self.started = np.zeros(len(chunks), dtype=bool)  # chunks of the current push already sent
+        self.chunks_of = _chunks_of_tensors(space, chunks)  # tensor name -> indices of its chunks
         self.pulls = [comm.Recv_init([self.pull_header, MPI.DOUBLE], 0, PULL_TAG)]
         self.pulls += [comm.Recv_init([self.params_buf[c.start:c.stop], MPI.FLOAT], 0, c.tag) for c in chunks]
         self.trace = self._open_trace()
@@ -85,6 +92,10 @@ class Worker:
 
             if self.fault is not None and iteration == self.fault[0]:
                 _inject(self.fault, ctx.rank, iteration)
+            # the previous push was delivered before its reply came: complete it before the gradient
+            # buffer is written again
+            wait_all(self.pushes, backoff)
+            self.started[:] = False
             c0 = time.perf_counter()
             loss = self.compute_gradient()
             compute_s = time.perf_counter() - c0
@@ -95,13 +106,11 @@ class Worker:
             delay_total += delay
             t_compute_end = ctx.now()
 
-            if self.staged:
-                self.grad_buf[...] = backend.to_host(model.space.grad)
-            wait_all(self.pushes, backoff)  # the previous push is long delivered; complete it locally
+            self._push_chunks(range(len(self.chunks)))  # those that wait-free backprop did not send
             self.push_header[:] = (iteration, version, loss, delay, self.stream.epochs_done)
             MPI.Prequest.Startall(self.pulls)
             t_push = ctx.now()
-            MPI.Prequest.Startall(self.pushes)
+            self.pushes[-1].Start()
             row = [iteration, t_start, t_compute_end, t_push, None, None, version, loss, delay,
                    self.stream.epochs_done]
             iteration += 1
@@ -117,10 +126,28 @@ class Worker:
         The push-and-pull benchmark (``ebsp_mpi.bench.ps``) overrides this to time the messages alone.
         """
         idx = self.stream.next_indices()
+        hook = self._push_layer if self.job.runtime.wait_free_backprop else None
         loss = self.model.loss_and_grad(self.backend.asarray(self.ds.x_train[idx]),
-                                        self.backend.asarray(self.ds.y_train[idx]))
+                                        self.backend.asarray(self.ds.y_train[idx]), on_layer_done=hook)
         self.backend.synchronize()
         return loss
+
+    def _push_layer(self, names: tuple[str, ...]) -> None:
+        """Wait-free backprop: send the chunks of a layer whose backward pass has just ended."""
+        self._push_chunks([k for name in names for k in self.chunks_of[name]])
+
+    def _push_chunks(self, indices) -> None:
+        """Start the sends of the gradient chunks `indices` that have not gone out yet in this push."""
+        if not self.staged and self.backend.name != "numpy":
+            self.backend.synchronize()  # CUDA-aware MPI reads the device buffer: the kernels must be done
+        for k in indices:
+            if self.started[k]:
+                continue
+            if self.staged:  # the device has finished this slice (synchronized by to_host)
+                c = self.chunks[k]
+                self.grad_buf[c.start:c.stop] = self.backend.to_host(self.model.space.grad[c.start:c.stop])
+            self.pushes[k].Start()
+            self.started[k] = True
 
     def _open_trace(self):
         ctx, job = self.ctx, self.job
@@ -129,6 +156,12 @@ class Worker:
                      package_version=__version__, config=to_dict(job), clock_offset_s=ctx.clock_offset)
         return open_trace(self.run_dir, ctx.rank, attrs, enabled=job.trace.enabled,
                           flush_seconds=job.trace.flush_seconds)
+
+
+def _chunks_of_tensors(space, chunks) -> dict[str, list[int]]:
+    """Which chunks (by index) hold each tensor of `space`; chunks never straddle two tensors."""
+    return {t.name: [k for k, c in enumerate(chunks) if t.offset <= c.start and c.stop <= t.offset + t.size]
+            for t in space.tensors}
 
 
 def _parse_fault(spec: str, rank: int):
