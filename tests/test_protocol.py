@@ -1,0 +1,30 @@
+"""How a push or a reply is cut into messages, without MPI running."""
+
+import pytest
+
+from ebsp_mpi.nn import build_model
+from ebsp_mpi.runtime.protocol import CHUNK_TAG0, plan_chunks
+from ebsp_mpi.runtime.worker import _chunks_of_tensors
+
+
+def test_chunks_cover_the_buffer_in_order_and_never_straddle_tensors():
+    bounds = [(0, 10), (10, 3), (13, 25)]
+    chunks = plan_chunks(bounds, itemsize=4, chunk_bytes=32)  # 8 elements per chunk
+    assert [(c.start, c.stop) for c in chunks] == [(0, 8), (8, 10), (10, 13), (13, 21), (21, 29),
+                                                    (29, 37), (37, 38)]
+    assert [c.tag for c in chunks] == list(range(CHUNK_TAG0, CHUNK_TAG0 + len(chunks)))
+    assert max(c.size for c in chunks) * 4 <= 32
+
+
+def test_too_many_chunks_for_the_tag_limit_is_an_error():
+    with pytest.raises(ValueError, match="raise runtime.chunk_bytes"):
+        plan_chunks([(0, 1000)], itemsize=4, chunk_bytes=4, tag_ub=CHUNK_TAG0 + 10)
+
+
+def test_each_tensor_knows_its_chunks_for_wait_free_backprop():
+    space = build_model("mlp", (20,), 5, hidden=[30], seed=0).space
+    chunks = plan_chunks([(t.offset, t.size) for t in space.tensors], 4, chunk_bytes=256)
+    owned = _chunks_of_tensors(space, chunks)
+    assert sorted(k for ks in owned.values() for k in ks) == list(range(len(chunks)))  # each once
+    for t in space.tensors:
+        assert sum(chunks[k].size for k in owned[t.name]) == t.size
