@@ -123,9 +123,8 @@ class StragglerConfig:
 class RuntimeConfig:
     stall_timeout_s: float = _opt(60.0, "abort when a worker has been silent this many seconds", gt=0.0)
     cuda_aware_mpi: bool = _opt(False, "send device buffers directly (needs a CUDA-aware MPI)")
-    chunk_bytes: int = _opt(512 << 10, "largest message: bigger tensors go in chunks of this many bytes "
-                                       "(small chunks let a reply's copy overlap the server's update)",
-                            min=1024)
+    chunk_bytes: int = _opt(0, "largest message: bigger tensors go in chunks of this many bytes (>= 1024); "
+                               "0: 512 KiB where every rank has a core, else 4 MiB", min=0)
     wait_free_backprop: bool = _opt(True, "push each layer's gradient as soon as its backward pass ends "
                                           "(Poseidon's WFBP), not after the whole backward pass")
 
@@ -340,6 +339,8 @@ def validate(job: JobConfig) -> None:
                           "e.g. --set stop.iterations=200")
     if job.optim.schedule == "cosine" and not (job.optim.total_steps or job.stop.iterations):
         raise ConfigError("optim.schedule = 'cosine' needs optim.total_steps or stop.iterations")
+    if 0 < job.runtime.chunk_bytes < 1024:
+        raise ConfigError(f"runtime.chunk_bytes = {job.runtime.chunk_bytes}: must be 0 (auto) or >= 1024")
     job.straggler.phases = [_check_phase(p, f"straggler.phases[{i}]")
                             for i, p in enumerate(job.straggler.phases)]
 

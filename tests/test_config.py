@@ -88,6 +88,9 @@ def test_cross_key_checks():
         load_job(None, ["stop.epochs=0"])
     with pytest.raises(ConfigError, match="cosine"):
         load_job(None, ["optim.schedule=cosine"])
+    with pytest.raises(ConfigError, match=r"chunk_bytes = 100: must be 0 \(auto\) or >= 1024"):
+        load_job(None, ["runtime.chunk_bytes=100"])
+    assert load_job(None, ["runtime.chunk_bytes=0"]).runtime.chunk_bytes == 0
 
 
 def test_phases_are_typed():

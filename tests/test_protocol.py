@@ -3,7 +3,7 @@
 import pytest
 
 from ebsp_mpi.nn import build_model
-from ebsp_mpi.runtime.protocol import CHUNK_TAG0, plan_chunks
+from ebsp_mpi.runtime.protocol import AUTO_CHUNK_BYTES, CHUNK_TAG0, chunk_bytes_for, plan_chunks
 from ebsp_mpi.runtime.worker import _chunks_of_tensors
 
 
@@ -28,3 +28,9 @@ def test_each_tensor_knows_its_chunks_for_wait_free_backprop():
     assert sorted(k for ks in owned.values() for k in ks) == list(range(len(chunks)))  # each once
     for t in space.tensors:
         assert sum(chunks[k].size for k in owned[t.name]) == t.size
+
+
+def test_automatic_chunk_size_depends_on_whether_ranks_share_cores():
+    assert chunk_bytes_for(65536, oversubscribed=True) == chunk_bytes_for(65536, oversubscribed=False) == 65536
+    assert chunk_bytes_for(0, oversubscribed=False) == AUTO_CHUNK_BYTES["own core"] == 512 << 10
+    assert chunk_bytes_for(0, oversubscribed=True) == AUTO_CHUNK_BYTES["shared cores"] == 4 << 20

@@ -64,8 +64,9 @@ def job_for(params: int, iterations: int, sync: str, trace: bool, overrides: lis
         f"sync.model={sync}", *overrides])
 
 
-def chunks_of(job) -> tuple[int, list]:
-    """The parameter count of `job`'s model and the messages a push of it is split into."""
+def chunks_of(job, ctx) -> tuple[int, list]:
+    """The parameter count of `job`'s model and the messages a push of it is split into (as the runtime
+    on `ctx` splits it)."""
     from mpi4py import MPI
 
     from .. import build
@@ -73,7 +74,8 @@ def chunks_of(job) -> tuple[int, list]:
 
     space = build.model(job, build.dataset(job)).space
     bounds = [(t.offset, t.size) for t in space.tensors]
-    return space.size, plan_chunks(bounds, 4, job.runtime.chunk_bytes, MPI.COMM_WORLD.Get_attr(MPI.TAG_UB))
+    return space.size, plan_chunks(bounds, 4, ctx.chunk_bytes(job.runtime.chunk_bytes),
+                                   MPI.COMM_WORLD.Get_attr(MPI.TAG_UB))
 
 
 # -- raw MPI ------------------------------------------------------------------------------------------
@@ -176,7 +178,7 @@ def round_trip_case(world_comm, params: int, k: int, args) -> tuple[list[dict], 
     if sub is not None:
         ctx = runtime_comm.setup(sub)
         job = job_for(params, args.warmup + args.iterations, args.sync, not args.no_trace, args.set)
-        size, chunks = chunks_of(job) if ctx.rank == 0 else (None, None)
+        size, chunks = chunks_of(job, ctx) if ctx.rank == 0 else (None, None)
         size, chunks = ctx.comm.bcast((size, chunks), root=0)
         total = args.warmup + args.iterations
         raw = raw_round_trips(ctx.comm, size, chunks, total)[args.warmup:]

@@ -16,6 +16,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..errors import UsageError
+from .protocol import chunk_bytes_for
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ class Context:
     oversubscribed : bool
         More ranks of the job on this node than CPUs they may run on: waiting ranks must sleep
         (see :class:`Backoff`).
+    any_oversubscribed : bool
+        Some node of the job is oversubscribed (the same on every rank).
     """
 
     comm: MPI.Comm
@@ -57,6 +60,7 @@ class Context:
     clock_offset: float = 0.0
     t0: float = 0.0
     oversubscribed: bool = True
+    any_oversubscribed: bool = True
 
     @property
     def workers(self) -> int:
@@ -69,6 +73,10 @@ class Context:
     @property
     def host(self) -> str:
         return socket.gethostname()
+
+    def chunk_bytes(self, configured: int) -> int:
+        """The largest message of this job's pushes and replies (``runtime.chunk_bytes``; 0: automatic)."""
+        return chunk_bytes_for(configured, self.any_oversubscribed)
 
     def backoff(self) -> Backoff:
         """How this rank waits for messages: sleeping only where the node has no core to spare."""
@@ -86,6 +94,7 @@ def setup(base: MPI.Comm | None = None) -> Context:
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
     ctx = Context(comm=comm, rank=comm.Get_rank(), size=comm.Get_size(), local_rank=local.Get_rank())
     ctx.oversubscribed = local.Get_size() > len(set().union(*local.allgather(_cpus())))
+    ctx.any_oversubscribed = comm.allreduce(ctx.oversubscribed, op=MPI.LOR)
     local.Free()
     ctx.clock_offset = _measure_clock_offset(comm)
     ctx.t0 = comm.bcast(time.perf_counter() if ctx.rank == 0 else None, root=0)

@@ -52,6 +52,20 @@ class Chunk:
         return self.stop - self.start
 
 
+#: ``runtime.chunk_bytes = 0``: where every rank has a core, small chunks let the server stream a BSP
+#: reply (the worker copies chunk k while the server updates chunk k+1); where ranks share cores nothing
+#: runs alongside, and every extra message costs a wake-up of a sleeping rank, so fewer, larger ones
+AUTO_CHUNK_BYTES = {"own core": 512 << 10, "shared cores": 4 << 20}
+
+
+def chunk_bytes_for(configured: int, oversubscribed: bool) -> int:
+    """The message size a run uses: ``runtime.chunk_bytes``, or when it is 0 the automatic choice for
+    a job where some node is `oversubscribed` (the same on every rank, so both ends agree)."""
+    if configured:
+        return configured
+    return AUTO_CHUNK_BYTES["shared cores" if oversubscribed else "own core"]
+
+
 def plan_chunks(tensor_bounds: list[tuple[int, int]], itemsize: int, chunk_bytes: int,
                 tag_ub: int = 32767) -> list[Chunk]:
     """Split the flat buffer into messages: one per tensor, big tensors in pieces of <= chunk_bytes.

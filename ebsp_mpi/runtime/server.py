@@ -71,7 +71,7 @@ class Server:
                                   penalty=job.sync.penalty, predictor=job.sync.predictor,
                                   ema_alpha=job.sync.ema_alpha)
         self.chunks = plan_chunks([(t.offset, t.size) for t in self.space.tensors], self.params.itemsize,
-                                  job.runtime.chunk_bytes, ctx.comm.Get_attr(MPI.TAG_UB))
+                                  ctx.chunk_bytes(job.runtime.chunk_bytes), ctx.comm.Get_attr(MPI.TAG_UB))
         self.limits = [build.iteration_limit(job, build.batch_stream(job, self.ds, w, n).batches_per_epoch)
                        for w in range(n)]
         self.evaluator = Evaluator(build.model(job, self.ds), self.ds.x_test, self.ds.y_test,

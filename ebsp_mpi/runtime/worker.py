@@ -56,7 +56,7 @@ class Worker:
         self.grad_buf = space.grad if direct else np.empty(space.size, dtype=np.float32)
         self.staged = not direct
         chunks = plan_chunks([(t.offset, t.size) for t in space.tensors], self.grad_buf.itemsize,
-                             job.runtime.chunk_bytes, ctx.comm.Get_attr(MPI.TAG_UB))
+                             ctx.chunk_bytes(job.runtime.chunk_bytes), ctx.comm.Get_attr(MPI.TAG_UB))
         comm = ctx.comm
         self.push_header = header(PUSH_FIELDS)
         self.pull_header = header(PULL_FIELDS)
