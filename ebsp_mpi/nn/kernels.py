@@ -10,31 +10,46 @@ scalars are cast to it first, as NumPy 2 does with Python scalars), and without 
 (Numba's default), so that the fused and the NumPy paths give bit-identical parameters: the
 single-process oracle and the BSP server agree whichever path each takes (tests/test_nn_optim.py).
 
-Without Numba, :data:`AVAILABLE` is False and callers take their NumPy path.
+Without Numba, :data:`AVAILABLE` is False and callers take their NumPy path. Numba is imported and
+the loops compiled on first use (importing it costs about 0.3 s, which commands that never update
+parameters should not pay).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import warnings
+from types import SimpleNamespace
+
 import numpy as np
 
-try:
-    import numba
-except ImportError:  # pragma: no cover - numba is a dependency; this keeps a broken install usable
-    numba = None
-
-AVAILABLE = numba is not None
+AVAILABLE = importlib.util.find_spec("numba") is not None
 
 #: the exponent bits of a float32 / float64; all ones means Inf or NaN
 _EXP32 = np.uint32(0x7F800000)
 _EXP64 = np.uint64(0x7FF0000000000000)
+_compiled = None
 
 
-def _jit(fn):
-    # nogil: no Python objects inside; cache: compile once per machine, not once per rank and run
-    return numba.njit(cache=True, nogil=True, boundscheck=False)(fn) if AVAILABLE else None
+def _loops() -> SimpleNamespace | None:
+    """The compiled loops, compiled (or loaded from Numba's cache) on the first call; None (and
+    :data:`AVAILABLE` False from then on) where Numba fails to import, e.g. with a NumPy too new for it."""
+    global _compiled, AVAILABLE
+    if _compiled is None and AVAILABLE:
+        try:
+            import numba
+        except ImportError as e:
+            warnings.warn(f"numba does not import ({e}); SGD and the NaN check take the slower NumPy path")
+            AVAILABLE = False
+            return None
+
+        # nogil: no Python objects inside; cache: compile once per machine, not once per rank and run
+        jit = numba.njit(cache=True, nogil=True, boundscheck=False)
+        _compiled = SimpleNamespace(sgd=jit(_sgd), momentum=jit(_momentum), nesterov=jit(_nesterov),
+                                    max_exponent=jit(_max_exponent))
+    return _compiled
 
 
-@_jit
 def _sgd(p, g, lr, wd):
     if wd == 0:
         for i in range(p.shape[0]):
@@ -45,7 +60,6 @@ def _sgd(p, g, lr, wd):
             p[i] = p[i] - gi * lr
 
 
-@_jit
 def _momentum(p, g, v, lr, mu, wd):
     if wd == 0:
         for i in range(p.shape[0]):
@@ -60,7 +74,6 @@ def _momentum(p, g, v, lr, mu, wd):
             p[i] = p[i] - vi * lr
 
 
-@_jit
 def _nesterov(p, g, v, lr, lr_mu, mu, wd):
     # NumPy's order: p -= lr * g, then p -= (lr * mu) * v
     if wd == 0:
@@ -77,7 +90,6 @@ def _nesterov(p, g, v, lr, lr_mu, mu, wd):
             p[i] = (p[i] - gi * lr) - vi * lr_mu
 
 
-@_jit
 def _max_exponent(bits, mask):
     # a max over integers vectorizes (a float reduction would not, without fastmath)
     m = mask ^ mask  # zero, of the mask's type
@@ -90,16 +102,18 @@ def sgd_step(p: np.ndarray, g: np.ndarray, v: np.ndarray | None, *, lr: float, m
              nesterov: bool, weight_decay: float) -> None:
     """One SGD step in place, as ``SGD._step_block`` does it with NumPy (same operations, same order).
 
-    All arrays 1-D, contiguous, of one float dtype; ``v`` is None when ``momentum == 0``.
+    All arrays 1-D, contiguous, of one float dtype (:func:`fits` says so); ``v`` is None when
+    ``momentum == 0``.
     """
+    loops = _compiled or _loops()
     cast = np.float32 if p.dtype == np.float32 else np.float64
     lr_, wd = cast(lr), cast(weight_decay)
     if momentum == 0:
-        _sgd(p, g, lr_, wd)
+        loops.sgd(p, g, lr_, wd)
     elif nesterov:
-        _nesterov(p, g, v, lr_, cast(lr * momentum), cast(momentum), wd)
+        loops.nesterov(p, g, v, lr_, cast(lr * momentum), cast(momentum), wd)
     else:
-        _momentum(p, g, v, lr_, cast(momentum), wd)
+        loops.momentum(p, g, v, lr_, cast(momentum), wd)
 
 
 def all_finite(a) -> bool:
@@ -111,15 +125,17 @@ def all_finite(a) -> bool:
     """
     if not fits(a):
         return bool(np.isfinite(a.max()) and np.isfinite(a.min())) if a.size else True
+    loops = _compiled  # fits() loaded them
     if a.dtype == np.float32:
-        return _max_exponent(a.view(np.uint32), _EXP32) != _EXP32
-    return _max_exponent(a.view(np.uint64), _EXP64) != _EXP64
+        return loops.max_exponent(a.view(np.uint32), _EXP32) != _EXP32
+    return loops.max_exponent(a.view(np.uint64), _EXP64) != _EXP64
 
 
 def fits(*arrays) -> bool:
     """The fused loops apply: Numba is present and the arrays are 1-D, contiguous NumPy arrays of one
-    dtype, float32 or float64. (Cheap tests only: the server asks this on every push.)"""
-    if not AVAILABLE:
+    dtype, float32 or float64. (Cheap tests only: the server asks this on every chunk.) Compiles or
+    loads the loops on first use."""
+    if not AVAILABLE or (_compiled is None and _loops() is None):
         return False
     dtype = arrays[0].dtype
     if dtype != np.float32 and dtype != np.float64:
