@@ -233,19 +233,40 @@ def test_cnn_gradcheck():
     check_model(model, rng.normal(size=(2, 2, 6, 6)), np.array([1, 2]))
 
 
-def test_on_layer_done_reports_layers_last_first_after_their_grads():
+def test_on_grad_ready_reports_tensors_last_layer_first_after_their_grads():
     model = build_model("cnn", (1, 8, 8), 3, hidden=(4,), channels=(2, 2), dtype=np.float64)
     model.space.grad[...] = np.nan
     seen = []
 
-    def done(names):
-        assert all(np.all(np.isfinite(model.space.grad_of(n))) for n in names)
-        seen.append(names)
+    def ready(name, stop):
+        assert np.all(np.isfinite(model.space.grad_of(name).reshape(-1)[:stop]))
+        seen.append((name, stop))
 
     x = np.random.default_rng(10).normal(size=(2, 1, 8, 8))
-    model.loss_and_grad(x, np.array([0, 2]), on_layer_done=done)
-    assert seen == [("dense2.W", "dense2.b"), ("dense1.W", "dense1.b"),
-                    ("conv2.W", "conv2.b"), ("conv1.W", "conv1.b")]
+    model.loss_and_grad(x, np.array([0, 2]), on_grad_ready=ready)
+    size = {t.name: t.size for t in model.space.tensors}
+    assert seen == [(n, size[n]) for n in ("dense2.W", "dense2.b", "dense1.W", "dense1.b",
+                                           "conv2.W", "conv2.b", "conv1.W", "conv1.b")]
+
+
+def test_dense_weight_gradients_in_row_blocks_are_reported_in_order_and_equal_whole_ones():
+    model = build_model("mlp", (10,), 3, hidden=(6,), dtype=np.float64)
+    rng = np.random.default_rng(11)
+    x, y = rng.normal(size=(5, 10)), np.array([0, 1, 2, 1, 0])
+    model.loss_and_grad(x, y)
+    whole = model.space.grad.copy()
+    model.space.grad[...] = np.nan
+    seen = []
+
+    def ready(name, stop):
+        assert np.all(np.isfinite(model.space.grad_of(name).reshape(-1)[:stop]))
+        seen.append((name, stop))
+
+    model.loss_and_grad(x, y, on_grad_ready=ready, block_elems=20)  # dense1.W is 10 x 6: rows of 3
+    assert seen == [("dense2.W", 18), ("dense2.b", 3),
+                    ("dense1.W", 18), ("dense1.W", 36), ("dense1.W", 54), ("dense1.W", 60), ("dense1.W", 60),
+                    ("dense1.b", 6)]
+    np.testing.assert_allclose(model.space.grad, whole, rtol=1e-12, atol=1e-15)
 
 
 def test_cnn_structure_skips_pool_below_two_pixels():

@@ -64,9 +64,23 @@ class Dense(Layer):
             self._x = x
         return y
 
-    def backward(self, dy, need_dx=True):
+    def backward(self, dy, need_dx=True, ready=None, block_elems: int = 0):
+        """Gradients of W and b from `dy`; ``dx`` when `need_dx`.
+
+        With `ready` and a `block_elems` smaller than W, ``dW`` is computed in blocks of whole rows
+        of at most `block_elems` elements, and ``ready(name of W, stop)`` is called after each block,
+        ``stop`` being how many leading elements of ``dW`` are final: a worker can send them while
+        the rest still computes (wait-free backprop below the layer). Each element of ``dW`` is the
+        same dot product over the batch either way.
+        """
         xp, x = self.xp, self._x
-        xp.matmul(x.T, dy, out=self.dW)
+        rows = max(1, block_elems // self.out) if ready is not None and block_elems else x.shape[1]
+        if rows >= x.shape[1]:
+            xp.matmul(x.T, dy, out=self.dW)
+        else:
+            for r in range(0, x.shape[1], rows):
+                xp.matmul(x[:, r:r + rows].T, dy, out=self.dW[r:r + rows])
+                ready(self.tensor_names[0], min(r + rows, x.shape[1]) * self.out)
         xp.sum(dy, axis=0, out=self.db)
         self._x = None
         return xp.matmul(dy, self.W.T) if need_dx else None

@@ -76,28 +76,37 @@ class Model:
             x = layer.forward(x, train)
         return x
 
-    def _backward(self, dlogits, on_layer_done, input_grad: bool):
+    def _backward(self, dlogits, on_grad_ready, block_elems: int, input_grad: bool):
         stop = 0 if input_grad else self._first_trainable
         dy = dlogits
         for i in range(len(self.layers) - 1, stop - 1, -1):
-            layer = self.layers[i]
-            dy = layer.backward(dy, need_dx=input_grad or i > stop)
-            if on_layer_done is not None and layer.tensor_names:
-                on_layer_done(layer.tensor_names)
+            layer, need_dx = self.layers[i], input_grad or i > stop
+            if on_grad_ready is not None and isinstance(layer, Dense):
+                dy = layer.backward(dy, need_dx=need_dx, ready=on_grad_ready, block_elems=block_elems)
+            else:
+                dy = layer.backward(dy, need_dx=need_dx)
+            if on_grad_ready is not None:
+                for name in layer.tensor_names:
+                    on_grad_ready(name, self.space.view(name).size)
         return dy
 
-    def loss_and_grad(self, x, y,
-                      on_layer_done: Callable[[tuple[str, ...]], None] | None = None) -> float:
+    def loss_and_grad(self, x, y, on_grad_ready: Callable[[str, int], None] | None = None,
+                      block_elems: int = 0) -> float:
         """Mean softmax cross-entropy of the batch; overwrites every element of ``space.grad``.
 
         Parameters
         ----------
         x : array, shape (N, *in_shape)
         y : array of int, shape (N,)
-        on_layer_done : callable, optional
-            Called with a layer's ``tensor_names`` right after its backward pass has written their
-            gradients, last layer first, for wait-free backpropagation (Poseidon, Zhang et al. 2017,
-            section 3.1): the caller may push those slices while earlier layers still compute.
+        on_grad_ready : callable, optional
+            ``on_grad_ready(name, stop)``: the first ``stop`` elements of tensor ``name``'s gradient
+            are final. Called for each tensor of a layer right after its backward pass, last layer
+            first, for wait-free backpropagation (Poseidon, Zhang et al. 2017, section 3.1): the
+            caller may push those slices while earlier layers still compute.
+        block_elems : int
+            With `on_grad_ready`, dense layers compute their weight gradient in row blocks of at
+            most this many elements and report each (0: whole layers only). The gradient's values
+            do not depend on it beyond BLAS's summation order.
 
         Returns
         -------
@@ -105,13 +114,13 @@ class Model:
             The mean loss over the batch.
         """
         loss, dlogits = softmax_cross_entropy(self.forward(x, train=True), self.xp.asarray(y))
-        self._backward(dlogits, on_layer_done, input_grad=False)
+        self._backward(dlogits, on_grad_ready, block_elems, input_grad=False)
         return loss
 
     def loss_and_input_grad(self, x, y):
         """Like :meth:`loss_and_grad`, and also return the gradient of the loss w.r.t. ``x``."""
         loss, dlogits = softmax_cross_entropy(self.forward(x, train=True), self.xp.asarray(y))
-        return loss, self._backward(dlogits, None, input_grad=True)
+        return loss, self._backward(dlogits, None, 0, input_grad=True)
 
     def evaluate(self, x, y, batch_size: int = 1024) -> tuple[float, float]:
         """``(mean loss, accuracy)`` over a data set in batches of ``batch_size``; no gradients."""

@@ -5,9 +5,10 @@ CPU; host staging buffers on a GPU unless ``runtime.cuda_aware_mpi``): the pull 
 before the push header is sent, so the server's reply always finds them, and neither buffer is touched
 while its request is active.
 
-With ``runtime.wait_free_backprop`` (Poseidon's WFBP) each layer's gradient chunks go out the moment
-its backward pass has written them, while the earlier layers still compute; the header, sent last,
-completes the push (after any injected straggler delay).
+With ``runtime.wait_free_backprop`` (Poseidon's WFBP) each gradient chunk goes out the moment the
+backward pass has written it, while the earlier layers still compute; a dense layer computes its
+weight gradient one chunk of rows at a time for this. The header, sent last, completes the push (after
+any injected straggler delay).
 """
 
 from __future__ import annotations
@@ -55,8 +56,10 @@ class Worker:
         self.params_buf = space.data if direct else np.empty(space.size, dtype=np.float32)
         self.grad_buf = space.grad if direct else np.empty(space.size, dtype=np.float32)
         self.staged = not direct
+        chunk_bytes = ctx.chunk_bytes(job.runtime.chunk_bytes)
         chunks = plan_chunks([(t.offset, t.size) for t in space.tensors], self.grad_buf.itemsize,
-                             ctx.chunk_bytes(job.runtime.chunk_bytes), ctx.comm.Get_attr(MPI.TAG_UB))
+                             chunk_bytes, ctx.comm.Get_attr(MPI.TAG_UB))
+        self.chunk_elems = chunk_bytes // self.grad_buf.itemsize
         comm = ctx.comm
         self.push_header = header(PUSH_FIELDS)
         self.pull_header = header(PULL_FIELDS)
@@ -126,15 +129,19 @@ class Worker:
         The push-and-pull benchmark (``ebsp_mpi.bench.ps``) overrides this to time the messages alone.
         """
         idx = self.stream.next_indices()
-        hook = self._push_layer if self.job.runtime.wait_free_backprop else None
+        wfbp = self.job.runtime.wait_free_backprop
         loss = self.model.loss_and_grad(self.backend.asarray(self.ds.x_train[idx]),
-                                        self.backend.asarray(self.ds.y_train[idx]), on_layer_done=hook)
+                                        self.backend.asarray(self.ds.y_train[idx]),
+                                        on_grad_ready=self._push_ready if wfbp else None,
+                                        block_elems=self.chunk_elems)
         self.backend.synchronize()
         return loss
 
-    def _push_layer(self, names: tuple[str, ...]) -> None:
-        """Wait-free backprop: send the chunks of a layer whose backward pass has just ended."""
-        self._push_chunks([k for name in names for k in self.chunks_of[name]])
+    def _push_ready(self, name: str, stop: int) -> None:
+        """Wait-free backprop: send the chunks of tensor `name` that lie within its first `stop`
+        elements, whose gradient the backward pass has just made final."""
+        end = self.model.space.view(name).offset + stop
+        self._push_chunks([k for k in self.chunks_of[name] if self.chunks[k].stop <= end])
 
     def _push_chunks(self, indices) -> None:
         """Start the sends of the gradient chunks `indices` that have not gone out yet in this push."""
