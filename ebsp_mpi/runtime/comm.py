@@ -45,7 +45,8 @@ class Context:
     clock_offset : float
         Seconds to add to this rank's ``perf_counter`` to read rank 0's (measured at start-up).
     t0 : float
-        Rank 0's ``perf_counter`` at the run's start: :meth:`now` counts from it.
+        Rank 0's ``perf_counter`` at the run's start: :meth:`now` counts from it. Set at setup, and
+        again by :func:`restart_clock` once every rank has built its part of the job.
     oversubscribed : bool
         More ranks of the job on this node than CPUs they may run on: waiting ranks must sleep
         (see :class:`Backoff`).
@@ -81,6 +82,12 @@ class Context:
     def backoff(self) -> Backoff:
         """How this rank waits for messages: sleeping only where the node has no core to spare."""
         return Backoff(spin=not self.oversubscribed)
+
+
+def restart_clock(ctx: Context) -> None:
+    """Start the run's time axis now, on every rank at once (a collective): the time a run takes to
+    reach an accuracy should not count loading data or compiling kernels."""
+    ctx.t0 = ctx.comm.bcast(time.perf_counter() if ctx.rank == 0 else None, root=0)
 
 
 def setup(base: MPI.Comm | None = None) -> Context:

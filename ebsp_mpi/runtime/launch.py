@@ -59,6 +59,7 @@ def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True) -> int:
             where = "server" if rank == 0 else f"worker {rank - 1}"
             print(f"ebsp_mpi: error on rank {rank} ({where}): {text}", file=sys.stderr)
         return max(code for _, (code, _) in failed)
+    mpi.restart_clock(ctx)
 
     try:
         if ctx.rank == 0:
