@@ -152,7 +152,7 @@ def _pids_of_rank(out_dir: Path, rank: int) -> list[int]:
     return pids
 
 
-def _kill_rank_2_mid_run(tmp_path: Path, stall: float) -> tuple[int, float, str, Path]:
+def _kill_rank_2_mid_run(tmp_path: Path, stall: float, after: float = 1.0) -> tuple[int, float, str, Path]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     out = tmp_path / "run"
     log = tmp_path / "log"  # a file: the launcher's output is read after the job ends
@@ -166,7 +166,7 @@ def _kill_rank_2_mid_run(tmp_path: Path, stall: float) -> tuple[int, float, str,
             time.sleep(0.2)
             pids = _pids_of_rank(out, 2)
         assert pids, "rank 2 never started"
-        time.sleep(1.0)
+        time.sleep(after)  # its trace file exists: it has built its part, the others may still be at it
         killed = time.monotonic()
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
@@ -206,6 +206,16 @@ def test_kill_9_of_a_worker_ends_the_job_naming_the_rank_and_leaves_readable_tra
         if named[-1]:
             break
     assert any(named), output
+
+
+def test_a_worker_killed_while_the_others_still_set_up_ends_the_job(tmp_path):
+    """Rank 2 dies as soon as it has built its part, while the server may still be building its own:
+    the survivors must not hang in the set-up collectives (they poll them, so the launcher's notice
+    gets through)."""
+    stall = 5.0
+    code, took, output, out = _kill_rank_2_mid_run(tmp_path, stall, after=0.0)
+    assert code != 0, output
+    assert took <= stall + 10
 
 
 def test_an_exception_on_a_worker_aborts_the_job_naming_the_rank(tmp_path):

@@ -87,7 +87,16 @@ class Context:
 def restart_clock(ctx: Context) -> None:
     """Start the run's time axis now, on every rank at once (a collective): the time a run takes to
     reach an accuracy should not count loading data or compiling kernels."""
-    ctx.t0 = ctx.comm.bcast(time.perf_counter() if ctx.rank == 0 else None, root=0)
+    t0 = np.array([time.perf_counter() if ctx.rank == 0 else 0.0])
+    wait_collective(ctx, ctx.comm.Ibcast(t0, root=0))
+    ctx.t0 = float(t0[0])
+
+
+def wait_collective(ctx: Context, request) -> None:
+    """Complete a nonblocking collective by polling. Blocked inside MPI, a rank whose peer has died
+    would never see the launcher's notice (SIGUSR1 runs its Python handler only between calls) and the
+    job would hang; polling lets the handler raise and the job abort."""
+    wait_all([request], ctx.backoff())
 
 
 def setup(base: MPI.Comm | None = None) -> Context:
@@ -104,7 +113,7 @@ def setup(base: MPI.Comm | None = None) -> Context:
     ctx.any_oversubscribed = comm.allreduce(ctx.oversubscribed, op=MPI.LOR)
     local.Free()
     ctx.clock_offset = _measure_clock_offset(comm)
-    ctx.t0 = comm.bcast(time.perf_counter() if ctx.rank == 0 else None, root=0)
+    restart_clock(ctx)
     return ctx
 
 

@@ -3,8 +3,9 @@
 Failure handling (DESIGN.md, "Launch and failure"):
 
 - during set-up (loading the dataset, building the model, opening traces) every rank reports its
-  outcome in one ``allgather``; if any rank failed, rank 0 prints the first error and every rank exits
-  with code 2 (bad input) or 1 — cleanly, without ``MPI_Abort``;
+  outcome in one nonblocking ``Iallgather``, polled, so that a rank dying meanwhile still aborts the
+  job (``comm.wait_collective``); if any rank failed, rank 0 prints the first error and every rank
+  exits with code 2 (bad input) or 1 — cleanly, without ``MPI_Abort``;
 - once training runs, an exception on any rank prints the rank and the message and calls
   ``MPI_Abort``, which ends every rank of the job with a non-zero exit code instead of leaving the
   others blocked in a receive.
@@ -17,6 +18,8 @@ import os
 import sys
 import traceback
 from pathlib import Path
+
+import numpy as np
 
 from ..config import JobConfig
 from ..errors import UsageError
@@ -51,17 +54,21 @@ def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True) -> int:
     except Exception as e:
         error = (2, f"{e}") if isinstance(e, (UsageError, FileExistsError)) else \
             (1, f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
-    errors = ctx.comm.allgather(error)
-    failed = [(rank, e) for rank, e in enumerate(errors) if e is not None]
-    if failed:
+    try:
+        codes = np.zeros(ctx.size, dtype=np.int32)
+        mpi.wait_collective(ctx, ctx.comm.Iallgather(np.array([error[0] if error else 0], np.int32), codes))
+    except BaseException as e:  # noqa: BLE001 - a peer died while this rank set up
+        mpi.abort(ctx, e)
+    if codes.any():
+        errors = ctx.comm.gather(error, root=0)  # every rank is alive: each has sent its code
         if ctx.rank == 0:
-            rank, (code, text) = failed[0]
+            rank, (_, text) = next((r, e) for r, e in enumerate(errors) if e is not None)
             where = "server" if rank == 0 else f"worker {rank - 1}"
             print(f"ebsp_mpi: error on rank {rank} ({where}): {text}", file=sys.stderr)
-        return max(code for _, (code, _) in failed)
-    mpi.restart_clock(ctx)
+        return int(codes.max())
 
     try:
+        mpi.restart_clock(ctx)
         if ctx.rank == 0:
             summary = role.run()
             print(f"{summary['sync']}: {summary['workers']} workers, {summary['wall_seconds']:.1f} s, "
