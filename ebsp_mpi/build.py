@@ -27,9 +27,10 @@ def model(job: JobConfig, ds: Dataset, xp=np, dtype=np.float32) -> Model:
                        channels=tuple(m.channels), xp=xp, dtype=dtype, seed=job.seed)
 
 
-def optimizer(job: JobConfig, size: int, xp=np, dtype=np.float32) -> SGD:
+def optimizer(job: JobConfig, size: int, xp=np, dtype=np.float32, fused: bool | None = None) -> SGD:
     o = job.optim
-    return SGD(size, momentum=o.momentum, nesterov=o.nesterov, weight_decay=o.weight_decay, xp=xp, dtype=dtype)
+    return SGD(size, momentum=o.momentum, nesterov=o.nesterov, weight_decay=o.weight_decay, xp=xp, dtype=dtype,
+               fused=fused)
 
 
 def schedule(job: JobConfig):

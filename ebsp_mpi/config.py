@@ -125,7 +125,7 @@ class RuntimeConfig:
     cuda_aware_mpi: bool = _opt(False, "send device buffers directly (needs a CUDA-aware MPI)")
     chunk_bytes: int = _opt(0, "largest message: bigger tensors go in chunks of this many bytes (>= 1024); "
                                "0: 512 KiB where every rank has a core, else 4 MiB", min=0)
-    wait_free_backprop: bool = _opt(True, "push each layer's gradient as soon as its backward pass ends "
+    wait_free_backprop: bool = _opt(True, "push each gradient chunk as soon as the backward pass has written it "
                                           "(Poseidon's WFBP), not after the whole backward pass")
 
 

@@ -26,6 +26,7 @@ and each number k of workers at once (default 1 ... N-1; the other ranks sleep i
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import time
 
@@ -211,8 +212,7 @@ def update_case(params: int, reps: int) -> list[dict]:
 
     job = job_for(params, 1, "asp", False)
     opt = build.optimizer(job, params)
-    numpy_opt = build.optimizer(job, params)
-    numpy_opt.fused = False
+    numpy_opt = build.optimizer(job, params, fused=False)
     rng = np.random.default_rng(0)
     p = rng.standard_normal(params, dtype=np.float32)
     g = rng.standard_normal(params, dtype=np.float32) * np.float32(1e-3)
@@ -249,22 +249,17 @@ def update_case(params: int, reps: int) -> list[dict]:
     return out
 
 
+@functools.cache
 def _compiled_axpy():
     """``y += a * x`` as one compiled loop: three streams of memory traffic, the bandwidth limit
     (momentum SGD needs five, so its ceiling against this is 3/5)."""
-    global _AXPY
-    if _AXPY is None:
-        import numba
+    import numba
 
-        @numba.njit(nogil=True, boundscheck=False)
-        def axpy(y, x, a):
-            for i in range(y.shape[0]):
-                y[i] = y[i] + x[i] * a
-        _AXPY = axpy
-    return _AXPY
-
-
-_AXPY = None
+    @numba.njit(nogil=True, boundscheck=False)
+    def axpy(y, x, a):
+        for i in range(y.shape[0]):
+            y[i] = y[i] + x[i] * a
+    return axpy
 
 
 def main(argv=None, records: list | None = None) -> int:

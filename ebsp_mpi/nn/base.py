@@ -16,9 +16,13 @@ class Layer:
     ----------
     tensor_names : tuple of str
         Names of this layer's tensors in the ``ParamSpace`` (empty for layers without parameters).
+    reports_grad_blocks : bool
+        ``backward`` also takes ``ready`` and ``block_elems`` and reports its weight gradient in
+        blocks as they are done (wait-free backprop below the layer; see ``Dense.backward``).
     """
 
     tensor_names: tuple[str, ...] = ()
+    reports_grad_blocks: bool = False
 
     def build(self, in_shape: tuple[int, ...], prefix: str) -> tuple[list[TensorSpec], tuple[int, ...]]:
         """Check ``in_shape`` and return ``(specs of this layer's tensors, out_shape)``.

@@ -64,6 +64,8 @@ class Dense(Layer):
             self._x = x
         return y
 
+    reports_grad_blocks = True
+
     def backward(self, dy, need_dx=True, ready=None, block_elems: int = 0):
         """Gradients of W and b from `dy`; ``dx`` when `need_dx`.
 

@@ -81,7 +81,7 @@ class Model:
         dy = dlogits
         for i in range(len(self.layers) - 1, stop - 1, -1):
             layer, need_dx = self.layers[i], input_grad or i > stop
-            if on_grad_ready is not None and isinstance(layer, Dense):
+            if on_grad_ready is not None and layer.reports_grad_blocks:
                 dy = layer.backward(dy, need_dx=need_dx, ready=on_grad_ready, block_elems=block_elems)
             else:
                 dy = layer.backward(dy, need_dx=need_dx)

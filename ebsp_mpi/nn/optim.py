@@ -83,8 +83,8 @@ class SGD:
         lr = float(lr)
         velocity = self.velocity if offset == 0 and n == self.size else self.velocity[offset:offset + n]
         if self.fused and kernels.fits(params, grad, velocity):
-            kernels.sgd_step(params, grad, velocity if self.momentum else None, lr=lr, momentum=self.momentum, nesterov=self.nesterov,
-                             weight_decay=self.weight_decay)
+            kernels.sgd_step(params, grad, velocity if self.momentum else None, lr=lr, momentum=self.momentum,
+                             nesterov=self.nesterov, weight_decay=self.weight_decay)
             return
         for start in range(0, n, self.block):
             stop = min(start + self.block, n)
