@@ -98,13 +98,41 @@ def test_fused_step_is_bit_identical_to_numpy(mu, nesterov, wd, dtype):
     assert not np.array_equal(a, p0)
 
 
+def _awkward_inputs(case: str):
+    """Parameters and gradient that the compiled loops are not built for."""
+    rng = np.random.default_rng(3)
+    p = rng.standard_normal(20).astype(np.float32)
+    g = rng.standard_normal(20).astype(np.float32)
+    if case == "strided params":
+        p = np.repeat(p, 2)[::2]
+    elif case == "float64 grad":
+        g = g.astype(np.float64)
+    elif case == "read-only grad":
+        g.flags.writeable = False
+    return p, g
+
+
 @needs_numba
-def test_fused_falls_back_where_it_does_not_fit():
-    opt = SGD(10, momentum=0.9, dtype=np.float32, fused=True)
-    p = np.ones(20, dtype=np.float32)[::2]                 # strided: the NumPy path takes it
-    assert not kernels.fits(p, np.ones(10, np.float32), opt.velocity)
-    opt.step(p, np.ones(10, dtype=np.float32), 0.5)
-    assert np.allclose(p, 0.5)
+@pytest.mark.parametrize("case", ["strided params", "float64 grad", "read-only grad"])
+def test_fused_falls_back_where_it_does_not_fit(case):
+    """Arrays the compiled loops are not built for take the NumPy path, with the NumPy path's result."""
+    p, g = _awkward_inputs(case)
+    expected = p.copy()
+    reference = SGD(20, momentum=0.9, weight_decay=0.1, fused=False)
+    fused = SGD(20, momentum=0.9, weight_decay=0.1, fused=True)
+    for _ in range(2):
+        reference.step(expected, g, 0.5)
+        fused.step(p, g, 0.5)
+    assert not np.array_equal(p, _awkward_inputs(case)[0])  # it did step
+    assert np.array_equal(p, expected)
+    assert np.array_equal(fused.velocity, reference.velocity)
+
+
+@needs_numba
+def test_fused_step_rejects_2d_arrays():
+    opt = SGD(20, momentum=0.9, fused=True)
+    with pytest.raises(ValueError, match="1-D"):
+        opt.step(np.ones((4, 5), np.float32), np.ones((4, 5), np.float32), 0.5)
 
 
 @needs_numba
@@ -119,6 +147,18 @@ def test_all_finite_finds_every_kind_of_non_finite(dtype):
             a = np.ones(4096, dtype=dtype)
             a[where] = bad
             assert not kernels.all_finite(a), (bad, where)
+
+
+@pytest.mark.parametrize("layout", ["strided", "2-D", "float16", "read-only"])
+def test_all_finite_on_arrays_the_loop_is_not_built_for(layout):
+    a = np.ones(64, dtype=np.float16 if layout == "float16" else np.float32)
+    view = {"strided": a[::2], "2-D": a.reshape(8, 8)}.get(layout, a)
+    assert kernels.all_finite(view)
+    a[10] = np.inf
+    assert not kernels.all_finite(view)
+    if layout == "read-only":
+        a.flags.writeable = False
+        assert not kernels.all_finite(a)
 
 
 def test_constant_and_step_schedules():

@@ -233,7 +233,7 @@ def update_case(params: int, reps: int) -> list[dict]:
         np.add(y, tmp, out=y)
 
     fns = {"update": update, "numpy update": numpy_update, "axpy": axpy}
-    if kernels.fits(x):  # Numba imports
+    if opt.fused:  # Numba imports
         fns["compiled axpy"] = lambda: _compiled_axpy()(y, x, a)
     t = dict(zip(fns, alternate(list(fns.values()), reps, warmup=2)))
     nbytes = 4 * params

@@ -10,6 +10,11 @@ scalars are cast to it first, as NumPy 2 does with Python scalars), and without 
 (Numba's default), so that the fused and the NumPy paths give bit-identical parameters: the
 single-process oracle and the BSP server agree whichever path each takes (tests/test_nn_optim.py).
 
+The loops are compiled for writable, 1-D, contiguous float32 and float64 arrays only (explicit
+signatures), so Numba's dispatcher is also the type check: any other argument raises ``TypeError``
+before the loop runs, and the callers take their NumPy path. This matters below about 1e5 elements,
+where a few attribute tests in Python cost as much as the loop itself.
+
 Without Numba, :data:`AVAILABLE` is False and callers take their NumPy path. Numba is imported and
 the loops compiled on first use (importing it costs about 0.3 s, which commands that never update
 parameters should not pay).
@@ -25,10 +30,11 @@ import numpy as np
 
 AVAILABLE = importlib.util.find_spec("numba") is not None
 
-#: the exponent bits of a float32 / float64; all ones means Inf or NaN
-_EXP32 = np.uint32(0x7F800000)
-_EXP64 = np.uint64(0x7FF0000000000000)
 _compiled = None
+
+#: the scalars of an update, in the array's dtype: ``coef = [lr, momentum, weight_decay, lr * momentum]``
+#: (one small array is cheaper to pass through Numba's dispatch than four scalars)
+_LR, _MU, _WD, _LR_MU = range(4)
 
 
 def _loops() -> SimpleNamespace | None:
@@ -43,14 +49,20 @@ def _loops() -> SimpleNamespace | None:
             AVAILABLE = False
             return None
 
-        # nogil: no Python objects inside; cache: compile once per machine, not once per rank and run
-        jit = numba.njit(cache=True, nogil=True, boundscheck=False)
-        _compiled = SimpleNamespace(sgd=jit(_sgd), momentum=jit(_momentum), nesterov=jit(_nesterov),
-                                    max_exponent=jit(_max_exponent))
+        def jit(signature, fn):
+            # nogil: no Python objects inside; cache: compile once per machine, not once per rank and run
+            sigs = [signature.replace("T", t) for t in ("f4", "f8")]
+            return numba.njit(sigs, cache=True, nogil=True, boundscheck=False)(fn)
+
+        _compiled = SimpleNamespace(sgd=jit("void(T[::1], T[::1], T[::1])", _sgd),
+                                    momentum=jit("void(T[::1], T[::1], T[::1], T[::1])", _momentum),
+                                    nesterov=jit("void(T[::1], T[::1], T[::1], T[::1])", _nesterov),
+                                    finite=jit("b1(T[::1])", _finite))
     return _compiled
 
 
-def _sgd(p, g, lr, wd):
+def _sgd(p, g, coef):
+    lr, wd = coef[_LR], coef[_WD]
     if wd == 0:
         for i in range(p.shape[0]):
             p[i] = p[i] - g[i] * lr
@@ -60,7 +72,8 @@ def _sgd(p, g, lr, wd):
             p[i] = p[i] - gi * lr
 
 
-def _momentum(p, g, v, lr, mu, wd):
+def _momentum(p, g, v, coef):
+    lr, mu, wd = coef[_LR], coef[_MU], coef[_WD]
     if wd == 0:
         for i in range(p.shape[0]):
             vi = v[i] * mu + g[i]
@@ -74,8 +87,9 @@ def _momentum(p, g, v, lr, mu, wd):
             p[i] = p[i] - vi * lr
 
 
-def _nesterov(p, g, v, lr, lr_mu, mu, wd):
+def _nesterov(p, g, v, coef):
     # NumPy's order: p -= lr * g, then p -= (lr * mu) * v
+    lr, mu, wd, lr_mu = coef[_LR], coef[_MU], coef[_WD], coef[_LR_MU]
     if wd == 0:
         for i in range(p.shape[0]):
             gi = g[i]
@@ -90,69 +104,79 @@ def _nesterov(p, g, v, lr, lr_mu, mu, wd):
             p[i] = (p[i] - gi * lr) - vi * lr_mu
 
 
-def _max_exponent(bits, mask):
-    # a max over integers vectorizes (a float reduction would not, without fastmath)
-    m = mask ^ mask  # zero, of the mask's type
-    for i in range(bits.shape[0]):
-        m = max(m, bits[i] & mask)
-    return m
+def _finite(a):
+    # One pass over the bits: an exponent of all ones means Inf or NaN. A max over integers vectorizes
+    # (a float reduction would not, without fastmath).
+    if a.itemsize == 4:
+        bits32, mask32 = a.view(np.uint32), np.uint32(0x7F800000)
+        m32 = np.uint32(0)
+        for i in range(bits32.shape[0]):
+            m32 = max(m32, bits32[i] & mask32)
+        return m32 != mask32
+    bits64, mask64 = a.view(np.uint64), np.uint64(0x7FF0000000000000)
+    m64 = np.uint64(0)
+    for i in range(bits64.shape[0]):
+        m64 = max(m64, bits64[i] & mask64)
+    return m64 != mask64
 
 
-def sgd_step(p: np.ndarray, g: np.ndarray, v: np.ndarray | None, *, lr: float, momentum: float,
-             nesterov: bool, weight_decay: float) -> None:
-    """One SGD step in place, as ``SGD._step_block`` does it with NumPy (same operations, same order).
+def make_step(dtype, *, momentum: float, nesterov: bool, weight_decay: float):
+    """The fused SGD update for one configuration: a function ``step(p, g, v, lr)`` that updates in
+    place exactly as ``SGD._step_block`` does with NumPy (same operations, same order).
 
-    All arrays 1-D, contiguous, of one float dtype (:func:`fits` says so); ``v`` is None when
-    ``momentum == 0``.
+    The loop is chosen here, once. ``p``, ``g`` and ``v`` must be writable, 1-D, contiguous NumPy
+    arrays of `dtype` (float32 or float64); anything else raises ``TypeError`` and changes nothing.
+    ``v`` is not touched when ``momentum == 0``. Not thread-safe: the step keeps its scalars in one
+    small array.
     """
     loops = _compiled or _loops()
-    cast = np.float32 if p.dtype == np.float32 else np.float64
-    lr_, wd = cast(lr), cast(weight_decay)
+    # NumPy casts a Python scalar to the array's dtype before it multiplies; so does this assignment
+    coef = np.array([0.0, momentum, weight_decay, 0.0], dtype=dtype)
     if momentum == 0:
-        loops.sgd(p, g, lr_, wd)
+        sgd = loops.sgd
+
+        def step(p, g, v, lr):
+            coef[_LR] = lr
+            sgd(p, g, coef)
     elif nesterov:
-        loops.nesterov(p, g, v, lr_, cast(lr * momentum), cast(momentum), wd)
+        nest = loops.nesterov
+
+        def step(p, g, v, lr):
+            coef[_LR], coef[_LR_MU] = lr, lr * momentum  # NumPy multiplies by the Python float lr * mu
+            nest(p, g, v, coef)
     else:
-        loops.momentum(p, g, v, lr_, cast(momentum), wd)
+        mom = loops.momentum
+
+        def step(p, g, v, lr):
+            coef[_LR] = lr
+            mom(p, g, v, coef)
+    return step
 
 
 def all_finite(a) -> bool:
     """True when the float array `a` holds no NaN or Inf.
 
-    Fused: one pass over the bits, looking for an exponent of all ones (about 2x faster than two
-    float reductions). Otherwise min and max, which propagate NaN (and +-Inf is an extreme itself):
-    two reductions without the temporary array of ``isfinite(a).all()``.
+    Fused (a 1-D, contiguous float32 or float64 NumPy array): one pass over the bits, looking for an
+    exponent of all ones, about 2x faster than two float reductions. Otherwise min and max, which
+    propagate NaN (and +-Inf is an extreme itself): two reductions without the temporary array of
+    ``isfinite(a).all()``.
     """
-    if not fits(a):
-        return bool(np.isfinite(a.max()) and np.isfinite(a.min())) if a.size else True
-    loops = _compiled  # fits() loaded them
-    if a.dtype == np.float32:
-        return loops.max_exponent(a.view(np.uint32), _EXP32) != _EXP32
-    return loops.max_exponent(a.view(np.uint64), _EXP64) != _EXP64
+    loops = _compiled or _loops()
+    if loops is not None and type(a) is np.ndarray:
+        try:
+            return loops.finite(a)
+        except TypeError:  # not a dtype and layout the loop is compiled for
+            pass
+    return bool(np.isfinite(a.max()) and np.isfinite(a.min())) if a.size else True
 
 
 def warm_up(dtype=np.float32) -> bool:
-    """Import Numba and compile (or load from its cache) every loop for `dtype` now, so that the
-    first real step does not pay it inside a timed run. True when the fused loops are available."""
+    """Import Numba and compile (or load from its cache) every loop now, so that the first real step
+    does not pay it inside a timed run. True when the fused loops are available for `dtype`."""
+    if np.dtype(dtype) not in (np.float32, np.float64) or (_compiled or _loops()) is None:
+        return False
     a = np.zeros(1, dtype=dtype)
-    if not fits(a):
-        return False
     for momentum, nesterov in ((0.0, False), (0.5, False), (0.5, True)):
-        sgd_step(a, a.copy(), a.copy(), lr=0.0, momentum=momentum, nesterov=nesterov, weight_decay=0.0)
+        make_step(dtype, momentum=momentum, nesterov=nesterov, weight_decay=0.0)(a, a.copy(), a.copy(), 0.0)
     all_finite(a)
-    return True
-
-
-def fits(*arrays) -> bool:
-    """The fused loops apply: Numba is present and the arrays are 1-D, contiguous NumPy arrays of one
-    dtype, float32 or float64. (Cheap tests only: the server asks this on every chunk.) Compiles or
-    loads the loops on first use."""
-    if not AVAILABLE or (_compiled is None and _loops() is None):
-        return False
-    dtype = arrays[0].dtype
-    if dtype != np.float32 and dtype != np.float64:
-        return False
-    for a in arrays:
-        if type(a) is not np.ndarray or a.dtype != dtype or a.ndim != 1 or a.strides[0] != a.itemsize:
-            return False
     return True

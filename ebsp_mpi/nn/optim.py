@@ -61,6 +61,8 @@ class SGD:
         self.fused = kernels.AVAILABLE if fused is None else bool(fused)
         if self.fused and xp is numpy:
             self.fused = kernels.warm_up(dtype)  # compile now, not in the first (timed) step
+        self._fused_step = kernels.make_step(dtype, momentum=self.momentum, nesterov=self.nesterov,
+                                             weight_decay=self.weight_decay) if self.fused and xp is numpy else None
 
     def step(self, params, grad, lr: float, *, offset: int = 0) -> None:
         """Update ``params`` in place from ``grad`` (left unchanged) with learning rate ``lr``.
@@ -82,10 +84,12 @@ class SGD:
                              f"{tuple(grad.shape)}, offset {offset}")
         lr = float(lr)
         velocity = self.velocity if offset == 0 and n == self.size else self.velocity[offset:offset + n]
-        if self.fused and kernels.fits(params, grad, velocity):
-            kernels.sgd_step(params, grad, velocity if self.momentum else None, lr=lr, momentum=self.momentum,
-                             nesterov=self.nesterov, weight_decay=self.weight_decay)
-            return
+        if self._fused_step is not None:
+            try:
+                self._fused_step(params, grad, velocity, lr)
+                return
+            except TypeError:  # not contiguous NumPy arrays of the velocity's dtype: the ufunc path
+                pass
         for start in range(0, n, self.block):
             stop = min(start + self.block, n)
             self._step_block(params[start:stop], grad[start:stop],
