@@ -181,6 +181,8 @@ def test_overhead_compares_bsp_with_the_single_process_trainer(tmp_path):
                                                                                        (False, True)]
     assert all(r["reference"] == "single process" and r["unit"] == "s" for r in records)
     assert "batch 64" in records[0]["case"]
+    line = next(x for x in out.splitlines() if x.startswith("forward + backward alone"))
+    assert all(f"{who} " in line for who in ("single process", "BSP worker, traces on", "BSP worker, traces off"))
 
 
 @pytest.mark.slow

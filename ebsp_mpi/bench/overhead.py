@@ -42,32 +42,40 @@ def make_job(iterations: int, trace: bool, overrides: list[str]):
                     + overrides)
 
 
-def local_period(job, warmup: int) -> float:
-    """Median iteration seconds of the single-process trainer on `job` (one worker)."""
+def _timings(spans: list[tuple[float, float]], warmup: int) -> tuple[float, float]:
+    """Median iteration period and median forward + backward seconds, after `warmup` iterations."""
+    starts = np.array([s for s, _ in spans])
+    durations = np.array([e - s for s, e in spans])
+    return float(np.median(np.diff(starts)[warmup:])), float(np.median(durations[warmup:-1]))
+
+
+def local_timing(job, warmup: int) -> tuple[float, float]:
+    """Iteration period and forward + backward seconds (medians) of the single-process trainer on
+    `job` (one worker)."""
     from .. import local
 
-    with tempfile.TemporaryDirectory(prefix="ebsp-bench-local-") as path, gradient_clock() as starts:
+    with tempfile.TemporaryDirectory(prefix="ebsp-bench-local-") as path, gradient_clock() as spans:
         local.train(job, Path(path), 1, show_progress=False)
-    return float(np.median(np.diff(starts)[warmup:]))
+    return _timings(spans, warmup)
 
 
-def mpi_period(ctx, job, warmup: int) -> tuple[float, dict | None]:
-    """Median iteration seconds of the worker (rank 1 of `ctx`) running `job` with the server, and on
-    rank 0, when the job writes traces, where an iteration's time goes
-    (:func:`~ebsp_mpi.bench.runjob.breakdown`)."""
+def mpi_timing(ctx, job, warmup: int) -> tuple[float, float, dict | None]:
+    """Iteration period and forward + backward seconds (medians) of the worker (rank 1 of `ctx`)
+    running `job` with the server, and on rank 0, when the job writes traces, where an iteration's
+    time goes (:func:`~ebsp_mpi.bench.runjob.breakdown`)."""
     read = (lambda run_dir: breakdown(run_dir, warmup)) if job.trace.enabled else None
-    with gradient_clock() as starts:
+    with gradient_clock() as spans:
         result = run_job(ctx, job, read=read)
-    period = float(np.median(np.diff(starts)[warmup:])) if ctx.rank == 1 else None
+    period, compute = ctx.comm.bcast(_timings(spans, warmup) if ctx.rank == 1 else None, root=1)
     parts = result[1] if ctx.rank == 0 and read is not None else None
-    return ctx.comm.bcast(period, root=1), parts
+    return period, compute, parts
 
 
-def measure(comm, args) -> tuple[list[dict], dict]:
+def measure(comm, args) -> tuple[list[dict], dict, dict]:
     """Alternate the single-process and the MPI runs on ranks 0 and 1.
 
-    Returns, on rank 0, the records and the median breakdown of the traced runs' iterations
-    (elsewhere nothing).
+    Returns, on rank 0, the records, the median breakdown of the traced runs' iterations and the
+    median forward + backward seconds of each trainer (elsewhere nothing).
     """
     from ..runtime import comm as runtime_comm
 
@@ -75,34 +83,37 @@ def measure(comm, args) -> tuple[list[dict], dict]:
     sub = subgroup(comm, 2)
     found: list[dict] = []
     median_parts: dict = {}
+    computes: dict = {}
     if sub is not None:
         ctx = runtime_comm.setup(sub)
         total = args.warmup + args.iterations + 1
-        local_s: list[float] = []
-        mpi_s: dict[bool, list[float]] = {t: [] for t in traces}
+        local_s: list[tuple[float, float]] = []
+        mpi_s: dict[bool, list[tuple[float, float]]] = {t: [] for t in traces}
         parts: list[dict] = []
         for _ in range(args.reps):
             if ctx.rank == 0:
-                local_s.append(local_period(make_job(total, False, args.set), args.warmup))
+                local_s.append(local_timing(make_job(total, False, args.set), args.warmup))
             idle_barrier(ctx.comm)
             for trace in traces:
-                period, found_parts = mpi_period(ctx, make_job(total, trace, args.set), args.warmup)
-                mpi_s[trace].append(period)
+                period, compute, found_parts = mpi_timing(ctx, make_job(total, trace, args.set), args.warmup)
+                mpi_s[trace].append((period, compute))
                 if found_parts:
                     parts.append(found_parts)
         if ctx.rank == 0:
             params = _parameter_count(make_job(1, False, args.set))
-            reference = statistics.median(local_s)
+            reference = statistics.median(p for p, _ in local_s)
+            computes["single process"] = statistics.median(c for _, c in local_s)
             for trace in traces:
                 found.append(record("overhead", f"BSP, 1 worker + server, traces {'on' if trace else 'off'}: "
                                                 f"{params:,} params, batch {_batch(args.set)}",
-                                    statistics.median(mpi_s[trace]), "s", "single process", reference))
+                                    statistics.median(p for p, _ in mpi_s[trace]), "s", "single process", reference))
+                computes[f"BSP worker, traces {'on' if trace else 'off'}"] = statistics.median(c for _, c in mpi_s[trace])
             if parts:
                 median_parts = {name: statistics.median(p[name] for p in parts) for name in parts[0]}
         ctx.comm.Free()
         sub.Free()
     idle_barrier(comm)
-    return found, median_parts
+    return found, median_parts, computes
 
 
 def _parameter_count(job) -> int:
@@ -131,13 +142,16 @@ def main(argv=None, records: list | None = None) -> int:
     comm = world()
     logging.getLogger("ebsp_mpi").setLevel(logging.WARNING)
     with abort_on_failure():
-        found, parts = measure(comm, args)
+        found, parts, computes = measure(comm, args)
     if comm.Get_rank() == 0:
         print_table(f"seconds per iteration (median of {args.iterations} after {args.warmup}; median of "
                     f"{args.reps} runs)", found, {r["case"]: TARGET for r in found})
         if parts:
             print("where a traced BSP iteration's time goes (medians, from the run's traces): " +
                   ", ".join(f"{name} {human(value, 's')}" for name, value in parts.items()))
+        if computes:
+            print("forward + backward alone (loss_and_grad; medians): " +
+                  ", ".join(f"{name} {human(value, 's')}" for name, value in computes.items()))
         if records is not None:
             records += found
     return 0

@@ -44,15 +44,17 @@ def run_job(ctx, job, worker_class=None, read=None):
 
 @contextlib.contextmanager
 def gradient_clock():
-    """Record when every model built meanwhile starts a gradient computation (``loss_and_grad``).
+    """Record when every model built meanwhile starts and ends a gradient computation
+    (``loss_and_grad``).
 
-    Yields the list the ``time.perf_counter()`` readings are appended to: the differences of
-    consecutive readings are iteration periods, measured alike in the single-process trainer and in a
-    worker, with nothing in their code changed.
+    Yields the list the ``(start, end)`` pairs of ``time.perf_counter()`` readings are appended to:
+    the differences of consecutive starts are iteration periods, and ``end - start`` is the time the
+    forward and backward pass took, both measured alike in the single-process trainer and in a worker,
+    with nothing in their code changed.
     """
     from .. import build
 
-    starts: list[float] = []
+    spans: list[tuple[float, float]] = []
     original = build.model
 
     def timed_model(*args, **kwargs):
@@ -60,15 +62,17 @@ def gradient_clock():
         loss_and_grad = model.loss_and_grad
 
         def timed(*a, **k):
-            starts.append(time.perf_counter())
-            return loss_and_grad(*a, **k)
+            start = time.perf_counter()
+            loss = loss_and_grad(*a, **k)
+            spans.append((start, time.perf_counter()))
+            return loss
 
         model.loss_and_grad = timed
         return model
 
     build.model = timed_model
     try:
-        yield starts
+        yield spans
     finally:
         build.model = original
 
