@@ -233,3 +233,22 @@ def test_the_watchdog_names_a_hung_worker(tmp_path):
     assert p.returncode != 0
     assert "worker rank 1 silent for 3.0 s" in p.stderr + p.stdout
     assert time.monotonic() - t0 < 3 + 30  # well before the launcher's own timeout
+
+
+def test_the_watchdog_names_a_worker_that_hangs_after_its_last_push(tmp_path):
+    """The end of a run is polled too: a worker stuck before it reports its statistics must not hang
+    the server (it used to wait in a blocking gather)."""
+    env = {"EBSP_INJECT_FAULT": "2:end:hang"}
+    t0 = time.monotonic()
+    p = train(3, tmp_path, "stop.iterations=20", "straggler.enabled=false", "runtime.stall_timeout_s=3",
+              extra_env=env, timeout=60)
+    assert p.returncode != 0
+    assert "worker rank 2 sent no statistics within 3.0 s" in p.stderr + p.stdout
+    assert time.monotonic() - t0 < 3 + 30
+
+
+def test_an_exception_after_the_last_push_aborts_the_job_naming_the_rank(tmp_path):
+    p = train(3, tmp_path, "stop.iterations=20", "straggler.enabled=false",
+              extra_env={"EBSP_INJECT_FAULT": "1:end"})
+    assert p.returncode != 0
+    assert "rank 1 (worker 0) failed: RuntimeError: fault injected at the end" in p.stderr + p.stdout

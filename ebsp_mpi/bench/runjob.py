@@ -29,10 +29,10 @@ def run_job(ctx, job, worker_class=None, read=None):
     path = ctx.comm.bcast(tempfile.mkdtemp(prefix="ebsp-bench-") if ctx.rank == 0 else None, root=0)
     try:
         if ctx.rank == 0:
-            result = Server(ctx, job, Path(path), show_progress=False).run()  # gathers the workers' stats
+            result = Server(ctx, job, Path(path), show_progress=False).run()  # collects the workers' stats
         else:
             result = (worker_class or Worker)(ctx, job, Path(path))
-            ctx.comm.gather(result.run(), root=0)
+            result.run()
         ctx.comm.Barrier()  # every trace file is closed
         if ctx.rank == 0 and read is not None:
             result = (result, read(Path(path)))

@@ -8,7 +8,10 @@ Failure handling (DESIGN.md, "Launch and failure"):
   exits with code 2 (bad input) or 1 — cleanly, without ``MPI_Abort``;
 - once training runs, an exception on any rank prints the rank and the message and calls
   ``MPI_Abort``, which ends every rank of the job with a non-zero exit code instead of leaving the
-  others blocked in a receive.
+  others blocked in a receive;
+- at the end each worker sends its statistics to the server, which waits for them by polling with
+  the stall watchdog, and the ranks part in a polled ``Ibarrier``: a worker that dies or hangs after
+  its last push still ends the job.
 """
 
 from __future__ import annotations
@@ -75,8 +78,8 @@ def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True) -> int:
                   f"test accuracy {summary['test_accuracy']:.4f}, test loss {summary['test_loss']:.4f}, "
                   f"{summary['rejected_pushes']} rejected pushes -> {role.run_dir}")
         else:
-            ctx.comm.gather(role.run(), root=0)
-        ctx.comm.Barrier()
+            role.run()  # ends by sending its statistics to the server
+        mpi.wait_collective(ctx, ctx.comm.Ibarrier())
     except BaseException as e:  # noqa: BLE001 - any failure must take the whole job down
         mpi.abort(ctx, e)
     return 0

@@ -11,6 +11,10 @@ A worker's iteration, as messages (DESIGN.md, "Parameters on the wire"):
 - **pull reply** (server -> worker): a header (``PULL_TAG``) of :data:`PULL_FIELDS`, then the weights,
   chunked like the gradient. A worker's next push implies its next pull request, so there is no
   separate request message.
+- **statistics** (worker -> server, ``STATS_TAG``), once, after the reply that told the worker to stop:
+  a small dict for the run's summary (the only pickled message; it is off the hot path). The server
+  takes it whenever it arrives and waits for the missing ones at the end, polling, so that a worker
+  that dies after its last push still ends the job instead of hanging it.
 
 Chunks follow the tensors (last layer's tensors last), and a tensor larger than ``chunk_bytes`` is split,
 so a layer's gradient can go out as soon as its backward is done (Poseidon's wait-free backpropagation).
@@ -25,6 +29,7 @@ import numpy as np
 
 PUSH_TAG = 1
 PULL_TAG = 2
+STATS_TAG = 4  # 3 is the clock ping-pong's (runtime.comm)
 CHUNK_TAG0 = 100
 
 #: push header: iteration (0-based index of this worker's iteration), the model version the gradient was

@@ -28,7 +28,8 @@ from ..sync.registry import make_policy
 from ..trace.writer import open_trace
 from .comm import Context, JobFailure, mpi_library
 from .evaluator import Evaluator
-from .protocol import PULL_FIELDS, PULL_TAG, PUSH_FIELDS, PUSH_TAG, ProtocolError, header, plan_chunks
+from .protocol import (PULL_FIELDS, PULL_TAG, PUSH_FIELDS, PUSH_TAG, STATS_TAG, ProtocolError, header,
+                       plan_chunks)
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,7 @@ class Server:
         self.replies: list[_PendingReply] = []
         self.free_snapshots: list[np.ndarray] = []
         self.last_loss = np.full(n, np.nan)
+        self.stats: list[dict | None] = [None] * n  # what each worker reports once it has stopped
         self.trace = self._open_trace()
         total = sum(self.limits) if all(lim is not None for lim in self.limits) else None
         self.progress = Progress(total, enabled=show_progress)
@@ -335,7 +337,7 @@ class Server:
 
     def _housekeeping(self, now: float) -> None:
         self._watchdog(now)
-        self._check_stray_messages()
+        self._take_other_messages()
         self.trace.maybe_flush()
         heard = self.last_loss[~np.isnan(self.last_loss)]
         self.progress.update(int(self.pushes.sum()), loss=float(heard.mean()) if heard.size else None,
@@ -351,12 +353,35 @@ class Server:
                 raise StallError(f"worker rank {w + 1} silent for {now - self.last_heard[w]:.1f} s "
                                  f"(runtime.stall_timeout_s = {timeout}); it may have died or hung")
 
-    def _check_stray_messages(self) -> None:
-        """Every expected message has a receive posted, so anything left unmatched is a protocol error."""
-        status = MPI.Status()
-        if self.ctx.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
-            raise ProtocolError(f"unexpected message from rank {status.Get_source()} with tag "
-                                f"{status.Get_tag()} ({status.Get_count(MPI.BYTE)} bytes)")
+    def _take_other_messages(self) -> bool:
+        """Take the statistics of workers that have stopped; anything else unmatched is a protocol error
+        (every push and header has a receive posted). True when a message was taken."""
+        comm, status, took = self.ctx.comm, MPI.Status(), False
+        while comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+            w = status.Get_source() - 1
+            if status.Get_tag() != STATS_TAG or w not in self.left or self.stats[w] is not None:
+                raise ProtocolError(f"unexpected message from rank {status.Get_source()} with tag "
+                                    f"{status.Get_tag()} ({status.Get_count(MPI.BYTE)} bytes)")
+            self.stats[w] = comm.recv(source=w + 1, tag=STATS_TAG)
+            took = True
+        return took
+
+    def _collect_stats(self) -> list[dict]:
+        """Every worker's statistics, waiting for those not taken yet by polling, as the run does: a
+        worker that dies or hangs after its last push ends the job (the launcher's notice, or the
+        stall timeout) instead of hanging it in a blocking gather."""
+        backoff, since = self.ctx.backoff(), self.ctx.now()
+        timeout = self.job.runtime.stall_timeout_s
+        while None in self.stats:
+            if self._take_other_messages():
+                backoff.reset()
+                continue
+            if self.ctx.now() - since > timeout:
+                w = self.stats.index(None)
+                raise StallError(f"worker rank {w + 1} sent no statistics within {timeout} s of its last "
+                                 f"reply (runtime.stall_timeout_s); it may have died or hung")
+            backoff.idle()
+        return self.stats
 
     def _write_policy_records(self) -> None:
         for record in self.policy.take_records():
@@ -376,7 +401,7 @@ class Server:
         loss, acc = self.evaluator.evaluate_now(self.params)
         self.trace.append("evals", (wall, self.version, loss, acc, self.ctx.now() - wall))
         self.targets.observe(wall, acc)
-        stats = self.ctx.comm.gather(None, root=0)[1:]
+        stats = self._collect_stats()
         self.progress.close(int(self.pushes.sum()), test_acc=acc, version=self.version)
         summary = {
             "name": self.job.name,

@@ -25,14 +25,15 @@ from ..backend import resolve_backend
 from ..config import JobConfig, to_dict
 from ..trace.writer import open_trace
 from .comm import Context, mpi_library, wait_all
-from .protocol import PULL_FIELDS, PULL_TAG, PUSH_FIELDS, PUSH_TAG, header, plan_chunks
+from .protocol import PULL_FIELDS, PULL_TAG, PUSH_FIELDS, PUSH_TAG, STATS_TAG, header, plan_chunks
 from .straggler import SlowPhase, StragglerModel
 
 log = logging.getLogger(__name__)
 
 _VERSION, _STOP = range(len(PULL_FIELDS))
 
-#: ``RANK:ITERATION[:hang]``: make that rank raise (or hang) at that iteration, to test failure handling
+#: ``RANK:ITERATION[:hang]``: make that rank raise (or hang) at that iteration, or with ``end`` for the
+#: iteration after its stop reply, before it reports its statistics; to test failure handling
 FAULT_ENV = "EBSP_INJECT_FAULT"
 
 
@@ -94,7 +95,7 @@ class Worker:
                 model.space.data[...] = backend.asarray(self.params_buf)
 
             if self.fault is not None and iteration == self.fault[0]:
-                _inject(self.fault, ctx.rank, iteration)
+                _inject(self.fault, ctx.rank, f"iteration {iteration}")
             # the previous push was delivered before its reply came: complete it before the gradient
             # buffer is written again
             wait_all(self.pushes, backoff)
@@ -120,8 +121,12 @@ class Worker:
             self.trace.maybe_flush()
         wait_all(self.pushes, backoff)
         self.trace.close()
-        return {"iterations": iteration, "wait_seconds": wait_total, "compute_seconds": compute_total,
-                "injected_delay_seconds": delay_total, "backend": backend.describe()}
+        if self.fault is not None and self.fault[0] == "end":
+            _inject(self.fault, ctx.rank, "the end")
+        stats = {"iterations": iteration, "wait_seconds": wait_total, "compute_seconds": compute_total,
+                 "injected_delay_seconds": delay_total, "backend": backend.describe()}
+        wait_all([ctx.comm.isend(stats, dest=0, tag=STATS_TAG)], backoff)  # for the server's summary
+        return stats
 
     def compute_gradient(self) -> float:
         """The next minibatch's loss; its gradient is left in ``model.space.grad``, on the device.
@@ -172,21 +177,22 @@ def _chunks_of_tensors(space, chunks) -> dict[str, list[int]]:
 
 
 def _parse_fault(spec: str, rank: int):
-    """``(iteration, mode)`` when ``EBSP_INJECT_FAULT`` names this rank, else None."""
+    """``(iteration or "end", mode)`` when ``EBSP_INJECT_FAULT`` names this rank, else None."""
     if not spec:
         return None
     parts = spec.split(":")
-    if len(parts) not in (2, 3) or not parts[0].isdigit() or not parts[1].isdigit() or \
+    if len(parts) not in (2, 3) or not parts[0].isdigit() or not (parts[1].isdigit() or parts[1] == "end") or \
             (len(parts) == 3 and parts[2] not in ("raise", "hang")):
-        raise ValueError(f"{FAULT_ENV} = {spec!r}: expected RANK:ITERATION or RANK:ITERATION:hang")
+        raise ValueError(f"{FAULT_ENV} = {spec!r}: expected RANK:ITERATION or RANK:ITERATION:hang "
+                         f"(ITERATION a number or 'end')")
     if int(parts[0]) != rank:
         return None
-    return int(parts[1]), parts[2] if len(parts) == 3 else "raise"
+    return int(parts[1]) if parts[1] != "end" else "end", parts[2] if len(parts) == 3 else "raise"
 
 
-def _inject(fault, rank: int, iteration: int) -> None:
+def _inject(fault, rank: int, where: str) -> None:
     if fault[1] == "hang":
-        log.warning("rank %d hangs at iteration %d (%s)", rank, iteration, FAULT_ENV)
+        log.warning("rank %d hangs at %s (%s)", rank, where, FAULT_ENV)
         while True:
             time.sleep(3600)
-    raise RuntimeError(f"fault injected at iteration {iteration} ({FAULT_ENV})")
+    raise RuntimeError(f"fault injected at {where} ({FAULT_ENV})")
