@@ -245,6 +245,8 @@ def test_the_watchdog_names_a_worker_that_hangs_after_its_last_push(tmp_path):
     assert p.returncode != 0
     assert "worker rank 2 sent no statistics within 3.0 s" in p.stderr + p.stdout
     assert time.monotonic() - t0 < 3 + 30
+    state, attrs = read_model(tmp_path / "model.h5")  # training had finished: the model is kept
+    assert attrs["version"] == 20 and state
 
 
 def test_an_exception_after_the_last_push_aborts_the_job_naming_the_rank(tmp_path):

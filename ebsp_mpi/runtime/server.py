@@ -401,6 +401,11 @@ class Server:
         loss, acc = self.evaluator.evaluate_now(self.params)
         self.trace.append("evals", (wall, self.version, loss, acc, self.ctx.now() - wall))
         self.targets.observe(wall, acc)
+        # the trained model and the server's trace do not depend on the workers' statistics: keep them
+        # even if a worker fails to report
+        write_model(self.run_dir, self.space.state_dict(), version=self.version, step=self.version,
+                    attrs={"sync": self.policy.name, "config_json": to_dict(self.job)})
+        self.trace.flush()
         stats = self._collect_stats()
         self.progress.close(int(self.pushes.sum()), test_acc=acc, version=self.version)
         summary = {
@@ -425,8 +430,6 @@ class Server:
             "mpi_library": mpi_library(),
             "config": to_dict(self.job),
         }
-        write_model(self.run_dir, self.space.state_dict(), version=self.version, step=self.version,
-                    attrs={"sync": self.policy.name, "config_json": to_dict(self.job)})
         write_summary(self.run_dir, summary)
         self.trace.set_attrs(rejected_pushes=self.rejected)
         self.trace.close()
