@@ -170,6 +170,20 @@ def test_ps_runs_the_server_with_each_number_of_workers(tmp_path):
     assert [r["reference"] for r in updates] == ["numpy axpy", "numpy axpy"] + ["compiled axpy"] * kernels.AVAILABLE
     assert "fused" in updates[0]["case"] if kernels.AVAILABLE else "numpy" in updates[0]["case"]
     assert all(r["unit"] == "B/s" for r in records)
+    core = out[out.index("what the server's core does per round"):]
+    for trip in trips:  # BSP: the server's core time per round is profiled for every case
+        assert f"  {trip['case']}: receive + check " in core and ", step + reply sends " in core
+
+
+def test_server_core_timers_put_back_the_methods_they_time():
+    from ebsp_mpi.bench.ps import server_core_timers
+    from ebsp_mpi.runtime.server import Server
+
+    before = (Server._serve_pushes, Server._apply_round)
+    with pytest.raises(RuntimeError), server_core_timers():
+        assert (Server._serve_pushes, Server._apply_round) != before
+        raise RuntimeError("a failed run")
+    assert (Server._serve_pushes, Server._apply_round) == before
 
 
 @pytest.mark.slow

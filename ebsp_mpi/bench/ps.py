@@ -26,6 +26,7 @@ and each number k of workers at once (default 1 ... N-1; the other ranks sleep i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import logging
 import time
@@ -149,26 +150,72 @@ def _timed_worker_class():
     return TimedWorker
 
 
-def runtime_round_trips(ctx, job, warmup: int) -> tuple[list[list[float]], dict | None]:
+@contextlib.contextmanager
+def server_core_timers():
+    """Time what the server's core does in each BSP round, around two of its methods: taking push
+    messages (the ``Server._serve_pushes`` calls that complete some: MPI's copy of the chunks, which
+    the receiving process does, and the NaN/Inf check of each) and applying the round
+    (``Server._apply_round``: the chunked step and the sends of the streamed reply).
+
+    Yields the list that gets one ``(receive + check seconds, step + reply seconds, start of the step)``
+    per round.
+    """
+    from ..runtime.server import Server
+
+    rounds: list[tuple[float, float, float]] = []
+    state = {"receive": 0.0, "serve_t0": None, "resume_t": None}
+    serve, apply = Server._serve_pushes, Server._apply_round
+
+    def timed_serve(self):
+        state["serve_t0"], state["resume_t"] = time.perf_counter(), None
+        found = serve(self)
+        if found:  # the part of this call outside a round it applied
+            state["receive"] += time.perf_counter() - (state["resume_t"] or state["serve_t0"])
+        state["serve_t0"] = None
+        return found
+
+    def timed_apply(self, *args):
+        t = time.perf_counter()
+        apply(self, *args)
+        done = time.perf_counter()
+        # a round applied while taking a push counts that call's time up to here as receiving
+        rounds.append((state["receive"] + t - (state["serve_t0"] or t), done - t, t))
+        state["receive"], state["resume_t"] = 0.0, done
+
+    Server._serve_pushes, Server._apply_round = timed_serve, timed_apply
+    try:
+        yield rounds
+    finally:
+        Server._serve_pushes, Server._apply_round = serve, apply
+
+
+def runtime_round_trips(ctx, job, warmup: int) -> tuple[list[list[float]], dict | None, dict | None]:
     """Run `job` through the real server (rank 0 of `ctx`) and workers that compute nothing.
 
-    Returns, on rank 0, every worker's iteration seconds and, when the job writes traces, the
-    :func:`~ebsp_mpi.bench.runjob.breakdown` of worker 0's iterations after `warmup`; elsewhere
+    Returns, on rank 0, every worker's iteration seconds, the :func:`~ebsp_mpi.bench.runjob.breakdown`
+    of worker 0's iterations after `warmup` when the job writes traces, and the medians of
+    :func:`server_core_timers` per round after `warmup` when the server ran rounds (BSP); elsewhere
     nothing.
     """
     read = (lambda run_dir: breakdown(run_dir, warmup)) if job.trace.enabled else None
-    result = run_job(ctx, job, _timed_worker_class(), read=read)
+    with server_core_timers() as rounds:
+        result = run_job(ctx, job, _timed_worker_class(), read=read)
     periods = ctx.comm.gather(None if ctx.rank == 0 else list(np.diff(result.starts)), root=0)
     if ctx.rank != 0:
-        return [], None
-    return periods[1:], (result[1] if read is not None else None)
+        return [], None, None
+    core = None
+    if len(rounds) > warmup + 1:
+        receive, step, starts = (np.array(column) for column in zip(*rounds[warmup:]))
+        core = {"receive + check": float(np.median(receive)), "step + reply sends": float(np.median(step)),
+                "round": float(np.median(np.diff(starts)))}
+    return periods[1:], (result[1] if read is not None else None), core
 
 
-def round_trip_case(world_comm, params: int, k: int, args) -> tuple[list[dict], dict, dict]:
+def round_trip_case(world_comm, params: int, k: int, args) -> tuple[list[dict], dict, dict, dict]:
     """Ranks 0..k: raw MPI, the runtime, raw MPI again, for `params` parameters.
 
-    Returns, on rank 0, the record, its target where the buffer has at least 1 MiB, and the
-    breakdown of the runtime's iterations by case (elsewhere nothing).
+    Returns, on rank 0, the record, its target where the buffer has at least 1 MiB, the breakdown
+    of the runtime's iterations and the server core's time per round, by case (elsewhere nothing).
     """
     from ..runtime import comm as runtime_comm
 
@@ -176,6 +223,7 @@ def round_trip_case(world_comm, params: int, k: int, args) -> tuple[list[dict], 
     found: list[dict] = []
     targets: dict = {}
     parts: dict = {}
+    cores: dict = {}
     if sub is not None:
         ctx = runtime_comm.setup(sub)
         job = job_for(params, args.warmup + args.iterations, args.sync, not args.no_trace, args.set)
@@ -183,7 +231,7 @@ def round_trip_case(world_comm, params: int, k: int, args) -> tuple[list[dict], 
         size, chunks = ctx.comm.bcast((size, chunks), root=0)
         total = args.warmup + args.iterations
         raw = raw_round_trips(ctx.comm, size, chunks, total)[args.warmup:]
-        ours, split = runtime_round_trips(ctx, job, args.warmup)
+        ours, split, core = runtime_round_trips(ctx, job, args.warmup)
         raw += raw_round_trips(ctx.comm, size, chunks, total)[args.warmup:]
         raw = ctx.comm.gather(raw, root=0)
         if ctx.rank == 0:
@@ -197,10 +245,12 @@ def round_trip_case(world_comm, params: int, k: int, args) -> tuple[list[dict], 
                 targets[found[-1]["case"]] = TARGET
             if split:
                 parts[found[-1]["case"]] = split
+            if core:
+                cores[found[-1]["case"]] = core
         ctx.comm.Free()
         sub.Free()
     idle_barrier(world_comm)
-    return found, targets, parts
+    return found, targets, parts, cores
 
 
 # -- the server's update ------------------------------------------------------------------------------
@@ -286,14 +336,16 @@ def main(argv=None, records: list | None = None) -> int:
     trips: list[dict] = []
     targets: dict = {}
     parts: dict = {}
+    cores: dict = {}
     updates: list[dict] = []
     with abort_on_failure():
         for size in sizes:
             for k in counts:
-                found, aims, split = round_trip_case(comm, size, k, args)
+                found, aims, split, core = round_trip_case(comm, size, k, args)
                 trips += found
                 targets.update(aims)
                 parts.update(split)
+                cores.update(core)
         if comm.Get_rank() == 0:
             for size in sizes:
                 updates += update_case(size, args.reps)
@@ -308,6 +360,13 @@ def main(argv=None, records: list | None = None) -> int:
             for case, split in parts.items():
                 print(f"  {case}: " + ", ".join(f"{name} {human(split[name], 's')}"
                                                  for name in ("push", "server + pull", "other")))
+            print()
+        if cores:
+            print("what the server's core does per round (medians): receive + check = MPI's copy of the "
+                  "push's chunks (the receiver copies) and their NaN/Inf check; step + reply sends = the "
+                  "chunked update, each chunk sent when updated")
+            for case, core in cores.items():
+                print(f"  {case}: " + ", ".join(f"{name} {human(value, 's')}" for name, value in core.items()))
             print()
         print_table(f"the server's update per push (momentum SGD), bytes of gradient per second; median of "
                     f"{args.reps}", updates, {r["case"]: TARGET for r in updates if r["reference"] == "numpy axpy"})
