@@ -1,4 +1,5 @@
-"""How a push or a reply is cut into messages, without MPI running."""
+"""How a push or a reply is cut into messages, and what the server does with messages no receive was
+posted for; without MPI running."""
 
 import pytest
 
@@ -34,3 +35,53 @@ def test_automatic_chunk_size_depends_on_whether_ranks_share_cores():
     assert chunk_bytes_for(65536, oversubscribed=True) == chunk_bytes_for(65536, oversubscribed=False) == 65536
     assert chunk_bytes_for(0, oversubscribed=False) == AUTO_CHUNK_BYTES["own core"] == 512 << 10
     assert chunk_bytes_for(0, oversubscribed=True) == AUTO_CHUNK_BYTES["shared cores"] == 4 << 20
+
+
+class _Inbox:
+    """A communicator holding unmatched messages ``(source rank, tag, object)``, for the server's
+    handling of messages no receive was posted for."""
+
+    def __init__(self, *messages):
+        self.messages = list(messages)
+
+    def Iprobe(self, source, tag, status):
+        if not self.messages:
+            return False
+        status.Set_source(self.messages[0][0])
+        status.Set_tag(self.messages[0][1])
+        return True
+
+    def recv(self, source, tag):
+        assert (source, tag) == self.messages[0][:2]
+        return self.messages.pop(0)[2]
+
+
+def _server_with(inbox, left):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(ctx=SimpleNamespace(comm=inbox), left=set(left), stats=[None, None])
+
+
+def test_the_server_takes_the_statistics_of_stopped_workers():
+    from ebsp_mpi.runtime.protocol import STATS_TAG
+    from ebsp_mpi.runtime.server import Server
+
+    server = _server_with(_Inbox((2, STATS_TAG, {"iterations": 7}), (1, STATS_TAG, {"iterations": 8})), {0, 1})
+    assert Server._take_other_messages(server) is True
+    assert server.stats == [{"iterations": 8}, {"iterations": 7}]
+    assert Server._take_other_messages(server) is False
+
+
+@pytest.mark.parametrize("tag, left, taken", [(4, set(), None),             # statistics before the stop
+                                              (999, {0}, None),              # a tag nobody sends
+                                              (4, {0}, {"iterations": 1})],  # statistics twice
+                         ids=["early", "stray", "twice"])
+def test_the_server_rejects_any_other_unmatched_message(tag, left, taken):
+    from ebsp_mpi.runtime.protocol import STATS_TAG, ProtocolError
+    from ebsp_mpi.runtime.server import Server
+
+    assert STATS_TAG == 4
+    server = _server_with(_Inbox((1, tag, {})), left)
+    server.stats[0] = taken
+    with pytest.raises(ProtocolError, match=f"unexpected message from rank 1 with tag {tag}"):
+        Server._take_other_messages(server)
