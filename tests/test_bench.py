@@ -197,6 +197,10 @@ def test_overhead_compares_bsp_with_the_single_process_trainer(tmp_path):
     assert "batch 64" in records[0]["case"]
     line = next(x for x in out.splitlines() if x.startswith("forward + backward alone"))
     assert all(f"{who} " in line for who in ("single process", "BSP worker, traces on", "BSP worker, traces off"))
+    line = next(x for x in out.splitlines() if x.startswith("ratio in each repetition"))
+    on, off = line.split(": ", 1)[1].split("; ")
+    assert on.startswith("traces on ") and off.startswith("traces off ")
+    assert all(float(part.split()[-1]) > 0 for part in (on, off)) and "," not in on + off  # --reps 1
 
 
 @pytest.mark.slow

@@ -71,11 +71,12 @@ def mpi_timing(ctx, job, warmup: int) -> tuple[float, float, dict | None]:
     return period, compute, parts
 
 
-def measure(comm, args) -> tuple[list[dict], dict, dict]:
+def measure(comm, args) -> tuple[list[dict], dict, dict, dict]:
     """Alternate the single-process and the MPI runs on ranks 0 and 1.
 
-    Returns, on rank 0, the records, the median breakdown of the traced runs' iterations and the
-    median forward + backward seconds of each trainer (elsewhere nothing).
+    Returns, on rank 0, the records, the median breakdown of the traced runs' iterations, the median
+    forward + backward seconds of each trainer, and each repetition's ratio of the MPI period to the
+    single-process period measured just before it (elsewhere nothing).
     """
     from ..runtime import comm as runtime_comm
 
@@ -84,6 +85,7 @@ def measure(comm, args) -> tuple[list[dict], dict, dict]:
     found: list[dict] = []
     median_parts: dict = {}
     computes: dict = {}
+    paired: dict = {}
     if sub is not None:
         ctx = runtime_comm.setup(sub)
         total = args.warmup + args.iterations + 1
@@ -108,12 +110,13 @@ def measure(comm, args) -> tuple[list[dict], dict, dict]:
                                                 f"{params:,} params, batch {_batch(args.set)}",
                                     statistics.median(p for p, _ in mpi_s[trace]), "s", "single process", reference))
                 computes[f"BSP worker, traces {'on' if trace else 'off'}"] = statistics.median(c for _, c in mpi_s[trace])
+                paired[f"traces {'on' if trace else 'off'}"] = [m / s for (m, _), (s, _) in zip(mpi_s[trace], local_s)]
             if parts:
                 median_parts = {name: statistics.median(p[name] for p in parts) for name in parts[0]}
         ctx.comm.Free()
         sub.Free()
     idle_barrier(comm)
-    return found, median_parts, computes
+    return found, median_parts, computes, paired
 
 
 def _parameter_count(job) -> int:
@@ -142,7 +145,7 @@ def main(argv=None, records: list | None = None) -> int:
     comm = world()
     logging.getLogger("ebsp_mpi").setLevel(logging.WARNING)
     with abort_on_failure():
-        found, parts, computes = measure(comm, args)
+        found, parts, computes, paired = measure(comm, args)
     if comm.Get_rank() == 0:
         print_table(f"seconds per iteration (median of {args.iterations} after {args.warmup}; median of "
                     f"{args.reps} runs)", found, {r["case"]: TARGET for r in found})
@@ -152,6 +155,9 @@ def main(argv=None, records: list | None = None) -> int:
         if computes:
             print("forward + backward alone (loss_and_grad; medians): " +
                   ", ".join(f"{name} {human(value, 's')}" for name, value in computes.items()))
+        if paired:  # how much of the spread is the machine's drift from one repetition to the next
+            print("ratio in each repetition (against the single-process run just before it): " +
+                  "; ".join(f"{name} " + ", ".join(f"{r:.3f}" for r in ratios) for name, ratios in paired.items()))
         if records is not None:
             records += found
     return 0
