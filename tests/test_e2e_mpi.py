@@ -218,39 +218,29 @@ def test_a_worker_killed_while_the_others_still_set_up_ends_the_job(tmp_path):
     assert took <= stall + 10
 
 
-def test_an_exception_on_a_worker_aborts_the_job_naming_the_rank(tmp_path):
-    env = {"EBSP_INJECT_FAULT": "2:5"}
-    p = train(3, tmp_path, "stop.iterations=50", "straggler.enabled=false", extra_env=env)
+@pytest.mark.parametrize("fault, message", [
+    ("2:5", "rank 2 (worker 1) failed: RuntimeError: fault injected at iteration 5"),
+    ("1:end", "rank 1 (worker 0) failed: RuntimeError: fault injected at the end"),  # after its last push
+], ids=["mid-run", "at-the-end"])
+def test_an_exception_on_a_worker_aborts_the_job_naming_the_rank(tmp_path, fault, message):
+    p = train(3, tmp_path, "stop.iterations=20", "straggler.enabled=false", extra_env={"EBSP_INJECT_FAULT": fault})
     assert p.returncode != 0
-    assert "rank 2 (worker 1) failed: RuntimeError: fault injected at iteration 5" in p.stderr + p.stdout
+    assert message in p.stderr + p.stdout
 
 
-def test_the_watchdog_names_a_hung_worker(tmp_path):
-    env = {"EBSP_INJECT_FAULT": "1:5:hang"}
-    t0 = time.monotonic()
-    p = train(3, tmp_path, "stop.iterations=50", "straggler.enabled=false", "runtime.stall_timeout_s=3",
-              extra_env=env, timeout=60)
-    assert p.returncode != 0
-    assert "worker rank 1 silent for 3.0 s" in p.stderr + p.stdout
-    assert time.monotonic() - t0 < 3 + 30  # well before the launcher's own timeout
-
-
-def test_the_watchdog_names_a_worker_that_hangs_after_its_last_push(tmp_path):
-    """The end of a run is polled too: a worker stuck before it reports its statistics must not hang
-    the server (it used to wait in a blocking gather)."""
-    env = {"EBSP_INJECT_FAULT": "2:end:hang"}
+@pytest.mark.parametrize("fault, message", [
+    ("1:5:hang", "worker rank 1 silent for 3.0 s"),
+    # the end of a run is polled too: a worker stuck before it reports its statistics must not hang
+    # the server (it used to wait in a blocking gather)
+    ("2:end:hang", "worker rank 2 sent no statistics within 3.0 s"),
+], ids=["mid-run", "at-the-end"])
+def test_the_watchdog_names_a_hung_worker(tmp_path, fault, message):
     t0 = time.monotonic()
     p = train(3, tmp_path, "stop.iterations=20", "straggler.enabled=false", "runtime.stall_timeout_s=3",
-              extra_env=env, timeout=60)
+              extra_env={"EBSP_INJECT_FAULT": fault}, timeout=60)
     assert p.returncode != 0
-    assert "worker rank 2 sent no statistics within 3.0 s" in p.stderr + p.stdout
-    assert time.monotonic() - t0 < 3 + 30
-    state, attrs = read_model(tmp_path / "model.h5")  # training had finished: the model is kept
-    assert attrs["version"] == 20 and state
-
-
-def test_an_exception_after_the_last_push_aborts_the_job_naming_the_rank(tmp_path):
-    p = train(3, tmp_path, "stop.iterations=20", "straggler.enabled=false",
-              extra_env={"EBSP_INJECT_FAULT": "1:end"})
-    assert p.returncode != 0
-    assert "rank 1 (worker 0) failed: RuntimeError: fault injected at the end" in p.stderr + p.stdout
+    assert message in p.stderr + p.stdout
+    assert time.monotonic() - t0 < 3 + 30  # well before the launcher's own timeout
+    if fault.endswith("end:hang"):  # training had finished: the model is kept
+        state, attrs = read_model(tmp_path / "model.h5")
+        assert attrs["version"] == 20 and state
