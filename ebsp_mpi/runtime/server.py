@@ -378,8 +378,8 @@ class Server:
                 continue
             if self.ctx.now() - since > timeout:
                 w = self.stats.index(None)
-                raise StallError(f"worker rank {w + 1} sent no statistics within {timeout} s of its last "
-                                 f"reply (runtime.stall_timeout_s); it may have died or hung")
+                raise StallError(f"worker rank {w + 1} sent no statistics within {timeout} s after the run "
+                                 f"ended (runtime.stall_timeout_s); it may have died or hung")
             backoff.idle()
         return self.stats
 
