@@ -4,7 +4,8 @@ posted for; without MPI running."""
 import pytest
 
 from ebsp_mpi.nn import build_model
-from ebsp_mpi.runtime.protocol import AUTO_CHUNK_BYTES, CHUNK_TAG0, chunk_bytes_for, plan_chunks
+from ebsp_mpi.runtime.protocol import (AUTO_CHUNK_BYTES, CHUNK_TAG0, STATS_TAG, ProtocolError, chunk_bytes_for,
+                                      plan_chunks)
 from ebsp_mpi.runtime.worker import _chunks_of_tensors
 
 
@@ -63,7 +64,6 @@ def _server_with(inbox, left):
 
 
 def test_the_server_takes_the_statistics_of_stopped_workers():
-    from ebsp_mpi.runtime.protocol import STATS_TAG
     from ebsp_mpi.runtime.server import Server
 
     server = _server_with(_Inbox((2, STATS_TAG, {"iterations": 7}), (1, STATS_TAG, {"iterations": 8})), {0, 1})
@@ -72,15 +72,13 @@ def test_the_server_takes_the_statistics_of_stopped_workers():
     assert Server._take_other_messages(server) is False
 
 
-@pytest.mark.parametrize("tag, left, taken", [(4, set(), None),             # statistics before the stop
-                                              (999, {0}, None),              # a tag nobody sends
-                                              (4, {0}, {"iterations": 1})],  # statistics twice
+@pytest.mark.parametrize("tag, left, taken", [(STATS_TAG, set(), None),             # before the stop
+                                              (999, {0}, None),                    # a tag nobody sends
+                                              (STATS_TAG, {0}, {"iterations": 1})],  # twice
                          ids=["early", "stray", "twice"])
 def test_the_server_rejects_any_other_unmatched_message(tag, left, taken):
-    from ebsp_mpi.runtime.protocol import STATS_TAG, ProtocolError
     from ebsp_mpi.runtime.server import Server
 
-    assert STATS_TAG == 4
     server = _server_with(_Inbox((1, tag, {})), left)
     server.stats[0] = taken
     with pytest.raises(ProtocolError, match=f"unexpected message from rank 1 with tag {tag}"):

@@ -46,7 +46,7 @@ def _timings(spans: list[tuple[float, float]], warmup: int) -> tuple[float, floa
     """Median iteration period and median forward + backward seconds, after `warmup` iterations."""
     starts = np.array([s for s, _ in spans])
     durations = np.array([e - s for s, e in spans])
-    return float(np.median(np.diff(starts)[warmup:])), float(np.median(durations[warmup:-1]))
+    return float(np.median(np.diff(starts)[warmup:])), float(np.median(durations[warmup:]))
 
 
 def local_timing(job, warmup: int) -> tuple[float, float]:
