@@ -173,6 +173,33 @@ def test_ps_runs_the_server_with_each_number_of_workers(tmp_path):
     core = out[out.index("what the server's core does per round"):]
     for trip in trips:  # BSP: the server's core time per round is profiled for every case
         assert f"  {trip['case']}: receive + check " in core and ", step + reply sends " in core
+    ceilings = [r for r in records if r["case"].startswith("server's work in raw MPI")]
+    assert [c["case"].removeprefix("server's work in raw MPI ") for c in ceilings] == \
+        [t["case"].removeprefix("round trip ") for t in trips]
+    assert [c["reference_figure"] for c in ceilings] == [t["reference_figure"] for t in trips]
+    assert "the runtime against it (ratio): 2,010 params x 1 " in out and ", 2,010 params x 2 " in out
+
+
+def test_the_server_work_of_the_raw_reference_is_the_servers_bsp_step():
+    from ebsp_mpi import build
+    from ebsp_mpi.bench.ps import ServerWork, job_for
+    from ebsp_mpi.runtime.protocol import plan_chunks
+
+    job = job_for(2000, 1, "bsp", False)
+    size = 2000
+    rng = np.random.default_rng(3)
+    grads = [rng.standard_normal(size, dtype=np.float32) for _ in range(3)]
+    params = rng.standard_normal(size, dtype=np.float32)
+    expected, oracle = params.copy(), build.optimizer(job, size)
+    mean = (grads[0] + grads[1] + grads[2]) * np.float32(1 / 3)
+    oracle.step(expected, mean, float(job.optim.lr))
+    work = ServerWork(job, size, 3)
+    assert work.check(grads)
+    for c in plan_chunks([(0, size)], 4, 4 * 700, 1 << 20):  # three chunks, as the reply is cut
+        work.step(grads, params, c)
+    np.testing.assert_array_equal(params, expected)
+    grads[2][5] = np.inf
+    assert not work.check(grads)
 
 
 def test_server_core_timers_put_back_the_methods_they_time():
