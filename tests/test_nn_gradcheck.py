@@ -6,6 +6,7 @@ import pytest
 
 from ebsp_mpi.nn import (Conv2D, Dense, Flatten, MaxPool2D, Model, ParamSpace, ReLU, build_model,
                          softmax_cross_entropy)
+from ebsp_mpi.nn.layers import row_blocks
 
 EPS = 1e-6
 TOL = 1e-6
@@ -262,11 +263,22 @@ def test_dense_weight_gradients_in_row_blocks_are_reported_in_order_and_equal_wh
         assert np.all(np.isfinite(model.space.grad_of(name).reshape(-1)[:stop]))
         seen.append((name, stop))
 
-    model.loss_and_grad(x, y, on_grad_ready=ready, block_elems=20)  # dense1.W is 10 x 6: rows of 3
+    model.loss_and_grad(x, y, on_grad_ready=ready, block_elems=20)  # dense1.W is 10 x 6: blocks of 6, 3, 1 rows
     assert seen == [("dense2.W", 18), ("dense2.b", 3),
-                    ("dense1.W", 18), ("dense1.W", 36), ("dense1.W", 54), ("dense1.W", 60), ("dense1.W", 60),
+                    ("dense1.W", 36), ("dense1.W", 54), ("dense1.W", 60), ("dense1.W", 60),
                     ("dense1.b", 6)]
     np.testing.assert_allclose(model.space.grad, whole, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("n, rows, blocks", [
+    (784, 128, [(0, 384), (384, 640), (640, 768), (768, 784)]),  # the benchmark MLP's first layer
+    (1024, 512, [(0, 512), (512, 1024)]),
+    (10, 3, [(0, 6), (6, 9), (9, 10)]),
+    (8, 1, [(0, 5), (5, 7), (7, 8)]),
+    (5, 5, [(0, 5)]),
+])
+def test_row_blocks_shrink_towards_the_end_and_cover_every_row(n, rows, blocks):
+    assert row_blocks(n, rows) == blocks
 
 
 def test_cnn_structure_skips_pool_below_two_pixels():
