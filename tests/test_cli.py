@@ -90,6 +90,19 @@ def test_jobs_files_load():
         load_job(str(job))
 
 
+def test_sweep_files_load_and_every_member_validates():
+    from pathlib import Path
+
+    from ebsp_mpi.sweep.spec import check_members, load_sweep, resolve_ranks
+
+    sweeps = sorted((Path(__file__).parents[1] / "jobs" / "sweeps").glob("*.toml"))
+    assert len(sweeps) >= 3
+    for path in sweeps:
+        sweep = load_sweep(path)
+        assert sweep.members, path
+        check_members(sweep, resolve_ranks(sweep, None))
+
+
 def test_cnn_job_on_digits_reaches_95_percent(tmp_path):
     from pathlib import Path
 
