@@ -194,6 +194,21 @@ def test_spreads_keep_barriers_of_two_or_more_workers(tmp_path):
     assert len(metrics.barrier_times(run)) == 4
 
 
+def test_spread_table_pools_the_barriers_of_each_label(tmp_path):
+    from ebsp_mpi.analysis.report import load_runs
+
+    runs, _, problems = load_runs([_sweep(tmp_path, {"bsp": 20.0, "elasticbsp": 30.0}, seeds=(0, 1))])
+    assert problems == []
+    table = metrics.spread_table(runs)
+    assert list(table["model"]) == ["elasticbsp"]  # BSP has no ZipLine barriers
+    row = table.iloc[0]
+    # one barrier of every worker per run (round 4 of 6): predicted 15 ms, observed 20 ms
+    assert (row["runs"], row["barriers_of_2_or_more"]) == (2, 2)
+    assert (row["predicted_spread_ms"], row["observed_spread_ms"]) == pytest.approx((15.0, 20.0))
+    assert (row["error_median_ms"], row["error_p90_ms"]) == pytest.approx((5.0, 5.0))
+    assert len(metrics.spread_table([r for r in runs if r.label == "bsp"])) == 0
+
+
 # -- runs and comparison -------------------------------------------------------------------------
 
 
@@ -316,6 +331,9 @@ def test_report_writes_tables_and_every_figure(tmp_path):
     assert len(table) == 6 and set(table["model"]) == {"bsp", "asp", "elasticbsp"}
     page = (tmp_path / "report" / "report.md").read_text()
     assert "![Staleness histogram](staleness.png)" in page and "| run |" in page
+    zipline = pd.read_csv(tmp_path / "report" / "zipline.csv")
+    assert list(zipline["model"]) == ["elasticbsp"] and list(zipline["barriers_of_2_or_more"]) == [2]
+    assert "## ZipLine's prediction error" in page
 
 
 def test_report_without_elasticbsp_notes_the_missing_zipline_figure(tmp_path):

@@ -104,6 +104,34 @@ def spreads(frames: RunFrames) -> pd.DataFrame:
     return b[["barrier", "t_decided", "predicted_spread", "observed_spread"]].dropna().reset_index(drop=True)
 
 
+def spread_table(runs: list[Run]) -> pd.DataFrame:
+    """Per label of the runs with ElasticBSP barriers: how many runs, the median of their barrier counts,
+    and over the barriers of two or more workers of all of them (pooled): the median predicted and
+    observed spread and the median and 90th percentile of observed minus predicted, in ms.
+
+    Empty (no rows) when no run has barriers; this is ZipLine's prediction error per variant.
+    """
+    rows = []
+    for label in dict.fromkeys(r.label for r in runs):
+        group = [(r, spreads(r.frames)) for r in runs if r.label == label]
+        group = [(r, sp) for r, sp in group if len(r.frames.table("barriers"))]
+        if not group:
+            continue
+        pred = 1000 * np.concatenate([sp["predicted_spread"].to_numpy() for _, sp in group])
+        obs = 1000 * np.concatenate([sp["observed_spread"].to_numpy() for _, sp in group])
+        error = obs - pred
+        counts = [r.info.summary.get("barriers", len(r.frames.table("barriers"))) for r, _ in group]
+        rows.append({"model": label, "runs": len(group), "barriers_per_run": float(np.median(counts)),
+                     "barriers_of_2_or_more": len(error),
+                     "predicted_spread_ms": float(np.median(pred)) if len(pred) else math.nan,
+                     "observed_spread_ms": float(np.median(obs)) if len(obs) else math.nan,
+                     "error_median_ms": float(np.median(error)) if len(error) else math.nan,
+                     "error_p90_ms": float(np.percentile(error, 90)) if len(error) else math.nan})
+    return pd.DataFrame(rows, columns=["model", "runs", "barriers_per_run", "barriers_of_2_or_more",
+                                       "predicted_spread_ms", "observed_spread_ms", "error_median_ms",
+                                       "error_p90_ms"])
+
+
 def _time_to(summary: dict) -> dict:
     return {float(k): v for k, v in (summary.get("time_to_accuracy") or {}).items()}
 

@@ -3,6 +3,8 @@
 ``python analysis/report.py RUN_DIR... --out DIR`` writes into DIR:
 
 - ``summary.csv``, ``summary.md`` — one row per run (:func:`~ebsp_mpi.analysis.metrics.summary_row`);
+- ``zipline.csv``, ``zipline.md`` — when an ElasticBSP run is among them, ZipLine's prediction error
+  per label (:func:`~ebsp_mpi.analysis.metrics.spread_table`);
 - ``compare.md``, ``compare.csv``, ``compare-models.csv`` — :mod:`~ebsp_mpi.analysis.compare`;
 - ``accuracy.png``, ``timeline.png``, ``wait.png``, ``iterations.png``, ``staleness.png`` and, when an
   ElasticBSP run is among them, ``zipline.png`` (:mod:`~ebsp_mpi.analysis.figures`);
@@ -21,7 +23,7 @@ from pathlib import Path
 from ..trace.frames import load_run
 from ..trace.reader import TraceError
 from . import compare, figures
-from .metrics import Run, summary_table
+from .metrics import Run, spread_table, summary_table
 from .runs import load_infos
 
 #: (file name, what the figure is about) in the order of the report.
@@ -124,6 +126,11 @@ def write_report(paths: Iterable[str | os.PathLike], out: str | os.PathLike,
     table.to_csv(out / "summary.csv", index=False)
     (out / "summary.md").write_text(summary_markdown(table))
     report.files += [out / "summary.csv", out / "summary.md"]
+    zipline = spread_table(runs)
+    if len(zipline):
+        zipline.to_csv(out / "zipline.csv", index=False)
+        (out / "zipline.md").write_text(summary_markdown(zipline))
+        report.files += [out / "zipline.csv", out / "zipline.md"]
 
     makers = {
         "accuracy.png": lambda p: figures.accuracy_vs_time(runs, cmp, p),
@@ -141,17 +148,22 @@ def write_report(paths: Iterable[str | os.PathLike], out: str | os.PathLike,
     if "zipline.png" not in report.titles:
         report.problems.append("no ElasticBSP barriers among these runs: no ZipLine figure")
 
-    report.files.append(_write_page(report, table, cmp))
+    report.files.append(_write_page(report, table, cmp, zipline))
     return report
 
 
-def _write_page(report: Report, table, cmp: compare.Comparison) -> Path:
+def _write_page(report: Report, table, cmp: compare.Comparison, zipline) -> Path:
     lines = [f"# Report of {len(table)} run(s)", ""]
     if report.problems:
         lines += ["## Problems", ""] + [f"- {p}" for p in report.problems] + [""]
     lines += ["## Summary", "", summary_markdown(table), "Times in seconds on rank 0's clock; wait share: "
               "share of a worker's active span spent waiting for the pull, mean over workers.", "",
-              "## Comparison", "", compare.to_markdown(cmp), "## Figures", ""]
+              "## Comparison", "", compare.to_markdown(cmp)]
+    if len(zipline):
+        lines += ["## ZipLine's prediction error", "", summary_markdown(zipline),
+                  "Spreads in ms over the barriers of two or more workers, pooled over each label's runs: "
+                  "predicted when ZipLine chose the barrier, observed as last minus first arrival.", ""]
+    lines += ["## Figures", ""]
     for name, topic in FIGURES:
         if name in report.titles:
             lines += [f"### {topic}", "", f"**{report.titles[name]}**", "", f"![{topic}]({name})", ""]
