@@ -160,9 +160,9 @@ def _write_page(report: Report, table, cmp: compare.Comparison, zipline) -> Path
               "share of a worker's active span spent waiting for the pull, mean over workers.", "",
               "## Comparison", "", compare.to_markdown(cmp)]
     if len(zipline):
-        lines += ["## ZipLine's prediction error", "", summary_markdown(zipline),
-                  "Spreads in ms over the barriers of two or more workers, pooled over each label's runs: "
-                  "predicted when ZipLine chose the barrier, observed as last minus first arrival.", ""]
+        note = ("Spreads in ms over the barriers of two or more workers, pooled over each label's runs: "
+                "predicted when ZipLine chose the barrier, observed as last minus first arrival.")
+        lines += ["## ZipLine's prediction error", "", summary_markdown(zipline), note, ""]
     lines += ["## Figures", ""]
     for name, topic in FIGURES:
         if name in report.titles:
