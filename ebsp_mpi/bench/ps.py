@@ -105,16 +105,11 @@ class ServerWork:
         return all(all_finite(g) for g in grads)
 
     def step(self, grads: list[np.ndarray], params: np.ndarray, c) -> None:
+        from ..runtime.server import round_mean
+
         piece = slice(c.start, c.stop)
-        if self.mean is None:
-            g = grads[0][piece]
-        else:
-            g = self.mean[piece]
-            np.add(grads[0][piece], grads[1][piece], out=g)
-            for other in grads[2:]:
-                g += other[piece]
-            g *= np.float32(1.0 / len(grads))
-        self.opt.step(params[piece], g, self.lr, offset=c.start)
+        mean = round_mean([g[piece] for g in grads], None if self.mean is None else self.mean[piece])
+        self.opt.step(params[piece], mean, self.lr, offset=c.start)
 
 
 def raw_round_trips(comm, size: int, chunks: list, iterations: int, work: ServerWork | None = None) -> list[float]:

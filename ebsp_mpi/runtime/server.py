@@ -39,6 +39,19 @@ HOUSEKEEPING_S = 0.05
 _IT, _VER, _LOSS, _DELAY, _EPOCH = range(len(PUSH_FIELDS))
 
 
+def round_mean(grads: list[np.ndarray], out: np.ndarray | None) -> np.ndarray:
+    """The mean of `grads` (float32 arrays of one shape), summed in their order as the single-process
+    oracle sums them, into `out`; a single gradient is returned as it is (its mean, bit for bit), and
+    `out` may then be None."""
+    if len(grads) == 1:
+        return grads[0]
+    np.add(grads[0], grads[1], out=out)
+    for g in grads[2:]:
+        out += g
+    out *= np.float32(1.0 / len(grads))
+    return out
+
+
 class StallError(JobFailure):
     """A worker has been silent longer than ``runtime.stall_timeout_s``."""
 
@@ -245,14 +258,7 @@ class Server:
 
     def _round_mean(self, members: list[int], c) -> np.ndarray:
         """Chunk `c` of the mean of the members' gradients, summed in worker order (as the oracle)."""
-        if len(members) == 1:
-            return self.grads[members[0]][c.start:c.stop]  # the mean of one gradient is itself, bit for bit
-        mean = self.round_sum[c.start:c.stop]
-        np.add(self.grads[members[0]][c.start:c.stop], self.grads[members[1]][c.start:c.stop], out=mean)
-        for w in members[2:]:
-            mean += self.grads[w][c.start:c.stop]
-        mean *= np.float32(1.0 / len(members))
-        return mean
+        return round_mean([self.grads[w][c.start:c.stop] for w in members], self.round_sum[c.start:c.stop])
 
     def _limit_reached(self, w: int) -> bool:
         """`w` has pushed its last iteration (``stop.iterations`` / ``stop.epochs``)."""
