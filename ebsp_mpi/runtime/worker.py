@@ -7,8 +7,8 @@ while its request is active.
 
 With ``runtime.wait_free_backprop`` (Poseidon's WFBP) each gradient chunk goes out the moment the
 backward pass has written it, while the earlier layers still compute; a dense layer computes its
-weight gradient one chunk of rows at a time for this. The header, sent last, completes the push (after
-any injected straggler delay).
+weight gradient in row blocks for this, the last one chunk or less (``nn.layers.row_blocks``). The
+header, sent last, completes the push (after any injected straggler delay).
 """
 
 from __future__ import annotations
