@@ -2,36 +2,23 @@
 
 Usage::
 
-    python analysis/to_perfetto.py RUN_DIR -o trace.json
+    python analysis/to_perfetto.py RUN_OR_SWEEP -o PATH
 
-Open the file at https://ui.perfetto.dev (Open trace file) or in chrome://tracing. See
-:mod:`ebsp_mpi.analysis.perfetto` for the tracks and events.
+the same as ``python -m ebsp_mpi timeline RUN_OR_SWEEP -o PATH`` (this script runs that subcommand). On
+a run directory, PATH is the JSON file; on a sweep directory (or a directory of runs), PATH is a
+directory that receives one ``<member>.json`` per run. Open a file at https://ui.perfetto.dev (Open
+trace file) or in chrome://tracing. See :mod:`ebsp_mpi.analysis.perfetto` for the tracks and events.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from ebsp_mpi.analysis import perfetto
-from ebsp_mpi.trace import TraceError
+from ebsp_mpi import cli
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python analysis/to_perfetto.py", description=__doc__.splitlines()[0])
-    p.add_argument("run", metavar="RUN_DIR", help="run directory (train --out)")
-    p.add_argument("-o", "--output", required=True, metavar="FILE", help="JSON file to write")
-    args = p.parse_args(argv)
-    try:
-        doc = perfetto.write(args.run, args.output)
-    except TraceError as err:
-        print(f"to_perfetto: error: {err}", file=sys.stderr)
-        return 2
-    ranks = sorted({e["pid"] for e in doc["traceEvents"]})
-    missing = doc["otherData"]["missing_ranks"]
-    print(f"{args.output}: {len(doc['traceEvents'])} events, tracks for ranks {ranks}"
-          + (f"; no readable trace for ranks {missing}" if missing else ""))
-    return 0
+    return cli.main(["timeline", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -1,4 +1,14 @@
-"""Command line: ``python -m ebsp_mpi {train,config,sweep} ...``.
+"""Command line: ``python -m ebsp_mpi {train,config,sweep,bench,report,compare,timeline} ...``.
+
+- ``train``: train a job (under mpiexec: rank 0 serves, the rest are workers);
+- ``config``: print the resolved job as TOML;
+- ``sweep``: run every member of a sweep file with mpiexec, then compare them (:mod:`ebsp_mpi.sweep`);
+- ``bench``: run a benchmark (:mod:`ebsp_mpi.bench.cli`);
+- ``report``, ``compare``, ``timeline``: the analysis of finished runs and sweeps: tables and figures,
+  time to accuracy against BSP, Perfetto JSON (:mod:`ebsp_mpi.analysis.cli`).
+
+Each subcommand imports what it needs only when it runs, so that ``train`` works without the
+``analysis`` extra (pandas, matplotlib).
 
 Errors a person can fix (a bad job value, a missing dataset file, an unusable backend) print one line
 and exit with code 2, without a traceback.
@@ -57,6 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     from .bench import cli as bench  # standard library only until a benchmark runs
 
     bench.add_parser(sub)
+    from .analysis import cli as analysis  # standard library only until an analysis command runs
+
+    analysis.add_parsers(sub)
     return parser
 
 
