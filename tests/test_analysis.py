@@ -375,3 +375,188 @@ def test_perfetto_names_a_missing_rank(tmp_path):
     doc = perfetto.trace_events(tmp_path / "a")
     assert doc["otherData"]["missing_ranks"] == [2]
     assert 2 not in {e["pid"] for e in doc["traceEvents"]}
+
+
+# -- command line: python -m ebsp_mpi report / compare / timeline --------------------------------
+
+
+def _runs(tmp_path, layout):
+    """A single run, or a sweep of three runs; returns (directory to name, the run directories)."""
+    if layout == "run":
+        make_run(tmp_path / "e", "elasticbsp", rounds=10)
+        return tmp_path / "e", [tmp_path / "e"]
+    out = _sweep(tmp_path, {"bsp": 20.0, "asp": 40.0, "elasticbsp": 30.0}, seeds=(0,))
+    return out, [out / name for name in ("bsp-seed0", "asp-seed0", "elasticbsp-seed0")]
+
+
+def _pids(path):
+    return {e["pid"] for e in json.loads(path.read_text())["traceEvents"]}
+
+
+@pytest.mark.parametrize("layout", ["run", "sweep"])
+def test_report_subcommand_writes_the_page_and_a_summary_row_per_run(tmp_path, capsys, layout):
+    from ebsp_mpi.cli import main
+
+    src, runs = _runs(tmp_path, layout)
+    assert main(["report", str(src), "--out", str(tmp_path / "report")]) == 0
+    table = pd.read_csv(tmp_path / "report" / "summary.csv")
+    assert sorted(table["run"]) == sorted(r.name for r in runs)
+    page = (tmp_path / "report" / "report.md").read_text()
+    assert f"# Report of {len(runs)} run(s)" in page
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == f"{tmp_path / 'report' / 'report.md'}: the report on one page"
+    assert any(line.startswith(f"{tmp_path / 'report' / 'timeline.png'}: ") for line in out)
+
+
+@pytest.mark.parametrize("layout", ["run", "sweep"])
+def test_compare_subcommand_prints_and_writes_a_row_per_run(tmp_path, capsys, layout):
+    from ebsp_mpi.cli import main
+
+    src, runs = _runs(tmp_path, layout)
+    assert main(["compare", str(src), "--out", str(tmp_path / "cmp")]) == 0
+    printed = capsys.readouterr()
+    written = (tmp_path / "cmp" / "compare.md").read_text()
+    for run in runs:
+        assert f"| {run.name} |" in printed.out and f"| {run.name} |" in written
+    assert printed.err.count("wrote ") == 3
+    assert len((tmp_path / "cmp" / "compare.csv").read_text().splitlines()) == 1 + len(runs)
+
+
+def test_compare_subcommand_exits_1_when_a_member_did_not_finish(tmp_path, capsys):
+    from ebsp_mpi.cli import main
+
+    out = _sweep(tmp_path, {"bsp": 20.0, "asp": {0: 20.0, 1: None}}, seeds=(0, 1))
+    assert main(["compare", str(out)]) == 1
+    assert "| asp-seed1 |" in capsys.readouterr().out
+
+
+def test_compare_subcommand_with_an_unknown_reference_is_a_one_line_error(tmp_path, capsys):
+    from ebsp_mpi.cli import main
+
+    make_run(tmp_path / "a", "asp")
+    assert main(["compare", str(tmp_path / "a"), "--reference", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("ebsp_mpi: error: reference label 'nope'")
+
+
+def test_timeline_subcommand_on_a_run_writes_a_track_per_rank(tmp_path, capsys):
+    from ebsp_mpi.cli import main
+
+    src, _ = _runs(tmp_path, "run")
+    path = tmp_path / "deeper" / "trace.json"  # the parent directory is created
+    assert main(["timeline", str(src), "-o", str(path)]) == 0
+    assert _pids(path) == set(range(WORKERS + 1))
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith(f"{path}: ") and "tracks for ranks [0, 1, 2, 3, 4]" in out[0]
+    assert main(["timeline", str(src), "-o", str(tmp_path)]) == 2  # one run needs a file, not a directory
+    assert capsys.readouterr().err.startswith(f"ebsp_mpi: error: -o {tmp_path}: a directory")
+
+
+def test_timeline_subcommand_on_a_sweep_writes_one_file_per_member(tmp_path, capsys):
+    from ebsp_mpi.cli import main
+
+    src, runs = _runs(tmp_path, "sweep")
+    assert main(["timeline", str(src), "-o", str(tmp_path / "timelines")]) == 0
+    assert sorted(p.name for p in (tmp_path / "timelines").iterdir()) == sorted(f"{r.name}.json" for r in runs)
+    for run in runs:
+        doc = json.loads((tmp_path / "timelines" / f"{run.name}.json").read_text())
+        assert {e["pid"] for e in doc["traceEvents"]} == set(range(WORKERS + 1))
+        assert doc["otherData"]["sync"] == run.name.split("-")[0]
+    out = capsys.readouterr().out.splitlines()  # one line per file written
+    assert sorted(line.split(": ")[0] for line in out) == sorted(
+        str(tmp_path / "timelines" / f"{r.name}.json") for r in runs)
+
+
+def test_timeline_subcommand_names_each_run_apart_when_two_sweeps_share_member_names(tmp_path, capsys):
+    from ebsp_mpi.cli import main
+
+    parent = tmp_path / "sweeps"
+    parent.mkdir()
+    for name in ("one", "two"):
+        _sweep(tmp_path / name, {"bsp": 20.0}, seeds=(0,)).rename(parent / name)
+    assert main(["timeline", str(parent), "-o", str(tmp_path / "timelines")]) == 0
+    assert sorted(p.name for p in (tmp_path / "timelines").iterdir()) == ["one-bsp-seed0.json", "two-bsp-seed0.json"]
+    assert len(capsys.readouterr().out.splitlines()) == 2
+
+
+def test_timeline_subcommand_on_a_sweep_skips_a_failed_member_and_exits_1(tmp_path, capsys):
+    from ebsp_mpi.cli import main
+
+    out = _sweep(tmp_path, {"bsp": 20.0, "asp": {0: 20.0, 1: None}}, seeds=(0, 1))
+    assert main(["timeline", str(out), "-o", str(tmp_path / "timelines")]) == 1
+    assert sorted(p.name for p in (tmp_path / "timelines").iterdir()) == [
+        "asp-seed0.json", "bsp-seed0.json", "bsp-seed1.json"]
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("timeline: note: skipped") and "asp-seed1" in err[0]
+
+
+@pytest.mark.parametrize("command", ["report", "compare", "timeline"])
+def test_analysis_subcommands_on_a_missing_directory_fail_with_one_line(tmp_path, capsys, command):
+    from ebsp_mpi.cli import main
+
+    missing = tmp_path / "nowhere"
+    out = ["-o", str(tmp_path / "t.json")] if command == "timeline" else ["--out", str(tmp_path / "out")]
+    assert main([command, str(missing), *out]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"ebsp_mpi: error: {missing}: no such directory")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "t.json").exists()
+
+
+@pytest.mark.parametrize("command", ["report", "compare", "timeline"])
+def test_analysis_subcommands_on_a_directory_without_runs_fail_with_one_line(tmp_path, capsys, command):
+    from ebsp_mpi.cli import main
+
+    (tmp_path / "empty").mkdir()
+    out = ["-o", str(tmp_path / "t.json")] if command == "timeline" else ["--out", str(tmp_path / "out")]
+    assert main([command, str(tmp_path / "empty"), *out]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"ebsp_mpi: error: {tmp_path / 'empty'}: neither a run")
+
+
+@pytest.mark.parametrize("layout", ["run", "sweep"])
+def test_timeline_and_report_of_broken_traces_fail_with_one_line(tmp_path, capsys, layout):
+    from ebsp_mpi.cli import main
+
+    src, runs = _runs(tmp_path, layout)
+    for run in runs:
+        for rank in range(WORKERS + 1):
+            path = trace_path(run, rank)
+            path.write_bytes(path.read_bytes()[:600])  # every rank file cut off mid-file
+    assert main(["timeline", str(src), "-o", str(tmp_path / "t")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("ebsp_mpi: error: ") and "rank-0000.h5" in err
+    assert main(["report", str(src), "--out", str(tmp_path / "report")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith("ebsp_mpi: error: no run with readable worker iterations")
+    assert all(line.startswith("report: note:") for line in err[:-1])
+
+
+def test_report_without_the_analysis_extra_says_what_to_install(tmp_path):
+    import subprocess
+    import sys
+
+    make_run(tmp_path / "a", "asp")
+    code = ("import sys; sys.modules['pandas'] = None; from ebsp_mpi.cli import main; "
+            f"sys.exit(main(['report', {str(tmp_path / 'a')!r}, '--out', {str(tmp_path / 'out')!r}]))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr == 'ebsp_mpi: error: report needs pandas (the analysis extra): pip install -e ".[analysis]"\n'
+
+
+@pytest.mark.parametrize("script, command", [("compare.py", "compare"), ("to_perfetto.py", "timeline"),
+                                             ("report.py", "report")])
+def test_the_scripts_in_analysis_run_the_subcommands(tmp_path, script, command):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src, _ = _runs(tmp_path, "sweep")
+    outputs = []
+    for front, name in ((["analysis/" + script], "script"), (["-m", "ebsp_mpi", command], "module")):
+        out = ["-o" if command == "timeline" else "--out", str(tmp_path / name)]
+        p = subprocess.run([sys.executable, *front, str(src), *out], capture_output=True, text=True,
+                           timeout=120, cwd=Path(__file__).parents[1])
+        assert p.returncode == 0, p.stderr
+        outputs.append(p.stdout.replace(str(tmp_path / name), "OUT"))
+        assert sorted(p.name for p in (tmp_path / name).iterdir())
+    assert outputs[0] == outputs[1] and outputs[0]

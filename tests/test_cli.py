@@ -1,6 +1,7 @@
 """The command line as a user meets it: one-line errors with exit code 2, and a full default run."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -111,3 +112,25 @@ def test_cnn_job_on_digits_reaches_95_percent(tmp_path):
     assert p.returncode == 0, p.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["test_accuracy"] >= 0.95
+
+
+def test_importing_the_cli_loads_no_analysis_library():
+    """``train`` must run without the analysis extra: the analysis subcommands import pandas,
+    matplotlib and h5py only when they run, not when the parser is built."""
+    code = ("import sys; from ebsp_mpi import cli; cli._parser(); "
+            "print(sorted(m for m in ('pandas', 'matplotlib', 'h5py') if m in sys.modules))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "[]"
+
+
+def test_help_lists_every_subcommand():
+    from ebsp_mpi import cli
+
+    p = run("--help")
+    assert p.returncode == 0
+    # a subcommand's line is indented by four spaces; wrapped help text by more
+    listed = [m.group(1) for line in p.stdout.splitlines() if (m := re.match(r" {4}(\w+)", line))]
+    commands = ["train", "config", "sweep", "bench", "report", "compare", "timeline"]
+    assert listed == commands
+    assert "{" + ",".join(commands) + "}" in cli.__doc__.splitlines()[0]
