@@ -5,16 +5,15 @@ released, when), exact simulated timelines for "three workers, one three times s
 tests on random timelines that check each model's invariants after every single event.
 """
 
-import sys
-import types
-
 import numpy as np
 import pytest
 
 from ebsp_mpi.sync.asp import ASP
 from ebsp_mpi.sync.base import NOTHING, Decision, SyncPolicy
 from ebsp_mpi.sync.bsp import BSP
+from ebsp_mpi.config import SyncConfig
 from ebsp_mpi.sync.dssp import DSSP
+from ebsp_mpi.sync.elastic import ElasticBSP
 from ebsp_mpi.sync.registry import POLICIES, make_policy
 from ebsp_mpi.sync.simulate import SimulationDeadlock, simulate
 from ebsp_mpi.sync.ssp import SSP
@@ -484,47 +483,57 @@ def test_property_dssp_without_range_equals_ssp(seed, n, s):
 # registry
 
 
+def sync(model: str, **keys) -> SyncConfig:
+    """A job's ``[sync]`` section naming `model`, with `keys` changed."""
+    return SyncConfig(model=model, **keys)
+
+
 def test_make_policy_builds_each_model_with_its_parameters():
     assert POLICIES == ("bsp", "asp", "ssp", "dssp", "elasticbsp")
-    assert type(make_policy("bsp", 3)) is BSP
-    assert type(make_policy("asp", 3)) is ASP
-    ssp = make_policy("ssp", 4, staleness=2)
+    assert type(make_policy(sync("bsp"), 3)) is BSP
+    assert type(make_policy(sync("asp"), 3)) is ASP
+    ssp = make_policy(sync("ssp", staleness=2), 4)
     assert type(ssp) is SSP and ssp.staleness == 2 and ssp.workers == 4
-    dssp = make_policy("dssp", 2, staleness=1, dssp_range=5)
+    dssp = make_policy(sync("dssp", staleness=1, dssp_range=5), 2)
     assert type(dssp) is DSSP and (dssp.staleness, dssp.dssp_range) == (1, 5)
-    assert make_policy("ssp", 2).staleness == 3 and make_policy("dssp", 2).dssp_range == 3
+    assert make_policy(sync("ssp"), 2).staleness == 3 and make_policy(sync("dssp"), 2).dssp_range == 3
+    for name in POLICIES:
+        assert make_policy(sync(name), 2).name == name
+
+
+def test_make_policy_passes_elasticbsp_parameters():
+    policy = make_policy(sync("elasticbsp", lookahead=7, penalty=0.25, predictor="ema", ema_alpha=0.3), 5)
+    assert type(policy) is ElasticBSP and policy.workers == 5
+    assert (policy.lookahead, policy.penalty) == (7, 0.25)
+    assert (policy.predictor.rule, policy.predictor.ema_alpha) == ("ema", 0.3)
+
+
+def test_every_policy_counts_its_barriers():
+    """``barriers`` is part of every policy's interface: a BSP round is one, ASP/SSP/DSSP have none."""
     for name in POLICIES[:4]:
-        assert make_policy(name, 2).name == name
-
-
-def test_make_policy_passes_elasticbsp_parameters(monkeypatch):
-    calls = []
-
-    class FakeElastic:
-        def __init__(self, workers, **kwargs):
-            calls.append((workers, kwargs))
-
-    fake = types.ModuleType("ebsp_mpi.sync.elastic")
-    fake.ElasticBSP = FakeElastic
-    monkeypatch.setitem(sys.modules, "ebsp_mpi.sync.elastic", fake)
-    policy = make_policy("elasticbsp", 5, lookahead=7, penalty=0.25, predictor="ema", ema_alpha=0.3)
-    assert isinstance(policy, FakeElastic)
-    assert calls == [(5, dict(lookahead=7, penalty=0.25, predictor="ema", ema_alpha=0.3))]
+        policy = make_policy(sync(name), 2)
+        assert policy.barriers == 0
+        policy.start(0.0)
+        for t in range(1, 4):
+            for w in (0, 1):
+                if w not in policy.held:
+                    policy.on_push(w, t + w / 10)
+        assert policy.barriers == (3 if name == "bsp" else 0), name
 
 
 def test_make_policy_errors():
     with pytest.raises(ValueError, match="unknown sync model 'sssp'") as err:
-        make_policy("sssp", 3)
+        make_policy(sync("sssp"), 3)
     assert all(name in str(err.value) for name in POLICIES)
     with pytest.raises(ValueError, match="staleness must be a non-negative integer.*-1"):
-        make_policy("ssp", 3, staleness=-1)
+        make_policy(sync("ssp", staleness=-1), 3)
     with pytest.raises(ValueError, match="staleness"):
-        make_policy("dssp", 3, staleness=-2)
+        make_policy(sync("dssp", staleness=-2), 3)
     with pytest.raises(ValueError, match="staleness.*1.5"):
-        make_policy("ssp", 3, staleness=1.5)
+        make_policy(sync("ssp", staleness=1.5), 3)
     with pytest.raises(ValueError, match="staleness.*True"):
-        make_policy("ssp", 3, staleness=True)
+        make_policy(sync("ssp", staleness=True), 3)
     with pytest.raises(ValueError, match="dssp_range.*-1"):
-        make_policy("dssp", 3, dssp_range=-1)
+        make_policy(sync("dssp", dssp_range=-1), 3)
     with pytest.raises(ValueError, match="at least one worker"):
-        make_policy("bsp", 0)
+        make_policy(sync("bsp"), 0)

@@ -9,7 +9,8 @@ Protocol, in the server's order of calls:
 1. ``start(t)``: every worker pulls the initial weights; returns the workers released (all of them).
 2. ``on_push(worker, t)``: ``worker`` pushed its next gradient at time ``t`` (seconds since the run's
    start) and now asks to pull the weights for its next iteration. The server has already applied the
-   gradient (or, for a ``round_based`` policy, added it to the round's sum). The returned
+   gradient (or, for a ``round_based`` policy, kept it for the round, whose mean it applies when the
+   round closes). The returned
    :class:`Decision` names the workers whose pulls are answered now; everyone else who has pushed and
    was not released is *held*.
 3. ``on_leave(worker, t)``: ``worker`` stopped (it reached its stop condition). It no longer pushes, so
@@ -66,7 +67,8 @@ class SyncPolicy(ABC):
 
     #: Name used in job files (``sync.model``) and in summary.json.
     name: str = ""
-    #: True for BSP: the server sums a round's pushes and applies their mean once the round completes.
+    #: True for BSP: the server keeps each worker's push of the round and, when the round completes,
+    #: applies their mean (summed in worker order) as one optimizer step.
     round_based: bool = False
 
     def __init__(self, workers: int):
@@ -78,6 +80,9 @@ class SyncPolicy(ABC):
         #: the active workers as a sorted index array, for vectorized reductions over ``done``
         self.active_index = np.arange(workers)
         self.held: set[int] = set()
+        #: barriers released so far: points where held workers were let go together (a BSP round is one;
+        #: ASP, SSP and DSSP have none)
+        self.barriers = 0
         self._records: list[Record] = []
 
     # -- the protocol -------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Bulk Synchronous Parallel: one optimizer step per round, everyone waits for the slowest.
 
-Round c is complete when every active worker has pushed its c-th gradient. The server sums the
-round's gradients as they arrive (the policy is ``round_based``); when the round completes it applies
-their mean as one optimizer step and answers every held pull with the same new weights (Valiant,
+Round c is complete when every active worker has pushed its c-th gradient. The server keeps each
+worker's gradient of the round as it arrives (the policy is ``round_based``); when the round completes
+it averages them (summed in worker order, ``nn.average.round_mean``), applies the mean as one optimizer
+step and answers every held pull with the same new weights (Valiant,
 "A bridging model for parallel computation", CACM 1990; DESIGN.md "Synchronization models").
 """
 
@@ -16,8 +17,8 @@ class BSP(SyncPolicy):
 
     A push is held until every active worker has pushed the same round; the last push of the round
     releases all active workers together with ``apply_round=True``. A worker that leaves completes the
-    round when all the others have already pushed it (its own gradients already pushed stay in the
-    server's round sum). BSP writes no trace rows of its own.
+    round when all the others have already pushed it (its gradients already pushed stay in the
+    server's round). Each completed round counts as one barrier. BSP writes no trace rows of its own.
 
     Parameters
     ----------
@@ -38,5 +39,6 @@ class BSP(SyncPolicy):
         # A held worker cannot push again, so "every active worker is held" means every active
         # worker has pushed the current round and no more.
         if self.active and self.held >= self.active:
+            self.barriers += 1
             return Decision(release=tuple(sorted(self.active)), apply_round=True)
         return NOTHING

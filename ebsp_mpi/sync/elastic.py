@@ -97,8 +97,6 @@ class ElasticBSP(SyncPolicy):
         self.min_pushes = int(min_pushes)
         self.predictor = PushPredictor(workers, rule=predictor, ema_alpha=ema_alpha)
         self._clock = clock
-        #: barriers released so far
-        self.barriers = 0
         self._decided = 0
         self._barrier: _Barrier | None = None
 

@@ -2,73 +2,50 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from ..config import SyncConfig
 from .asp import ASP
 from .base import SyncPolicy
 from .bsp import BSP
 from .dssp import DSSP
+from .elastic import ElasticBSP
 from .ssp import SSP
 
-#: Every model name ``make_policy`` accepts, in the order DESIGN.md lists them.
-POLICIES = ("bsp", "asp", "ssp", "dssp", "elasticbsp")
+#: model name -> how to build it from the ``[sync]`` section and the number of workers; each takes only
+#: its own keys (and its constructor checks them)
+_BUILDERS: dict[str, Callable[[SyncConfig, int], SyncPolicy]] = {
+    "bsp": lambda s, n: BSP(n),
+    "asp": lambda s, n: ASP(n),
+    "ssp": lambda s, n: SSP(n, staleness=s.staleness),
+    "dssp": lambda s, n: DSSP(n, staleness=s.staleness, dssp_range=s.dssp_range),
+    "elasticbsp": lambda s, n: ElasticBSP(n, lookahead=s.lookahead, penalty=s.penalty, predictor=s.predictor,
+                                          ema_alpha=s.ema_alpha),
+}
+
+#: Every model name ``make_policy`` accepts, in the order DESIGN.md lists them (``sync.model``'s choices).
+POLICIES = tuple(_BUILDERS)
 
 
-def make_policy(
-    name: str,
-    workers: int,
-    *,
-    staleness: int = 3,
-    dssp_range: int = 3,
-    lookahead: int = 15,
-    penalty: float = 0.0,
-    predictor: str = "last",
-    ema_alpha: float = 0.5,
-) -> SyncPolicy:
-    """Build the sync policy ``name`` for ``workers`` workers.
-
-    Only the parameters of the named model are used (and checked by its constructor); the others are
-    ignored, so a job's whole ``[sync]`` table can be passed through.
+def make_policy(sync: SyncConfig, workers: int) -> SyncPolicy:
+    """Build the sync policy that the job's ``[sync]`` section names, for ``workers`` workers.
 
     Parameters
     ----------
-    name : str
-        One of :data:`POLICIES`.
+    sync : SyncConfig
+        The job's ``[sync]`` section: ``model`` (one of :data:`POLICIES`), and the keys of that model
+        (``staleness`` for SSP and DSSP, ``dssp_range`` for DSSP, ``lookahead``, ``penalty``,
+        ``predictor`` and ``ema_alpha`` for ElasticBSP); the other keys are not read.
     workers : int
         Number of workers (>= 1).
-    staleness : int
-        SSP and DSSP: the staleness bound s (iterations, >= 0).
-    dssp_range : int
-        DSSP: r, the threshold moves in [s, s + r] (iterations, >= 0).
-    lookahead : int
-        ElasticBSP: R, predicted pushes per worker that ZipLine chooses from.
-    penalty : float
-        ElasticBSP: lambda, weight of the superstep length against the spread (per second).
-    predictor : str
-        ElasticBSP: push-time predictor, ``"last"`` or ``"ema"``.
-    ema_alpha : float
-        ElasticBSP: smoothing factor of the ``"ema"`` predictor.
-
-    Returns
-    -------
-    SyncPolicy
 
     Raises
     ------
     ValueError
-        For an unknown ``name`` (the message lists :data:`POLICIES`) or a parameter out of range.
+        For an unknown model (the message lists :data:`POLICIES`) or a parameter out of range.
     """
-    if name == "bsp":
-        return BSP(workers)
-    if name == "asp":
-        return ASP(workers)
-    if name == "ssp":
-        return SSP(workers, staleness=staleness)
-    if name == "dssp":
-        return DSSP(workers, staleness=staleness, dssp_range=dssp_range)
-    if name == "elasticbsp":
-        # Imported here so the rest of the registry works while elastic.py is developed separately.
-        from .elastic import ElasticBSP
-
-        return ElasticBSP(
-            workers, lookahead=lookahead, penalty=penalty, predictor=predictor, ema_alpha=ema_alpha
-        )
-    raise ValueError(f"unknown sync model {name!r}; expected one of {', '.join(POLICIES)}")
+    try:
+        build = _BUILDERS[sync.model]
+    except KeyError:
+        raise ValueError(f"unknown sync model {sync.model!r}; expected one of {', '.join(POLICIES)}") from None
+    return build(sync, workers)
