@@ -5,8 +5,11 @@ A job is a TOML file whose tables mirror the dataclasses below (``[model]``, ``[
 overridden with ``--set section.key=value``. Every value is checked against its field's type and
 range, and an error names the key, the value and what is allowed (:class:`ConfigError`).
 
-Only the standard library is imported here (``tomllib``, or ``tomli`` on Python 3.10), so the CLI can
-validate a job before NumPy, h5py or MPI are loaded.
+Only the standard library is imported here (``tomllib``, or ``tomli`` on Python 3.10), and
+``ebsp_mpi.straggler``, whose classes check slow phases and per-worker factors without loading NumPy;
+so the CLI validates a job before NumPy, h5py or MPI are loaded. The values a key allows are the names
+the code that acts on them registers (``sync.registry.POLICIES``, ``data.DATASETS``, ...); config.py
+cannot import those modules, so a test holds the two lists equal.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 from .errors import UsageError
+from .straggler import SlowPhase, straggler_model
 
 
 class ConfigError(UsageError, ValueError):
@@ -346,12 +350,15 @@ def validate(job: JobConfig) -> None:
 
 
 def _check_phase(phase: dict, key: str) -> dict:
-    """One slow phase, its numbers typed (t1, t2, factor as floats)."""
+    """One slow phase, its numbers typed (t1, t2, factor as floats) and its values checked by
+    :class:`~ebsp_mpi.straggler.SlowPhase` (worker >= 0, t1 < t2, a finite factor > 0)."""
     if set(phase) != set(PHASE_KEYS):
         raise ConfigError(f"{key} = {phase!r}: needs exactly the keys {', '.join(PHASE_KEYS)}")
     phase = {name: _coerce_scalar(kind, phase[name], f"{key}.{name}", "job") for name, kind in PHASE_KEYS.items()}
-    if phase["worker"] < 0 or not phase["t1"] < phase["t2"] or phase["factor"] <= 0:
-        raise ConfigError(f"{key} = {phase!r}: needs worker >= 0, t1 < t2 and factor > 0")
+    try:
+        SlowPhase(**phase)
+    except ValueError as e:
+        raise ConfigError(f"{key} = {phase!r}: {e}") from None
     return phase
 
 
@@ -363,12 +370,10 @@ def check_workers(job: JobConfig, world_size: int) -> int:
     if job.sync.workers not in (0, workers):
         raise ConfigError(f"sync.workers = {job.sync.workers}: this launch has {workers} workers "
                           f"(world size {world_size} minus the server); use 0 or {workers}")
-    if len(job.straggler.slowdown) > workers:
-        raise ConfigError(f"straggler.slowdown = {job.straggler.slowdown}: more entries than the "
-                          f"{workers} workers")
-    for i, phase in enumerate(job.straggler.phases):
-        if phase["worker"] >= workers:
-            raise ConfigError(f"straggler.phases[{i}].worker = {phase['worker']}: workers are 0..{workers - 1}")
+    try:  # the factors and phases against the workers, checked by the model that applies them
+        straggler_model(job.straggler, workers, job.seed)
+    except ValueError as e:
+        raise ConfigError(f"{e} (this launch has {workers} workers)") from None
     return workers
 
 

@@ -1,8 +1,11 @@
 """The job schema: defaults, TOML files, --set overrides and the one-line errors."""
 
+import dataclasses
+
 import pytest
 
-from ebsp_mpi.config import ConfigError, JobConfig, check_workers, load_job, to_toml
+from ebsp_mpi.config import (ConfigError, DataConfig, JobConfig, ModelConfig, OptimConfig, SyncConfig, check_workers,
+                             load_job, to_toml)
 
 
 def write(tmp_path, text):
@@ -138,3 +141,25 @@ def test_base_cycles_and_bad_base_are_errors(tmp_path):
     (tmp_path / "d.toml").write_text('base = "missing.toml"\n')
     with pytest.raises(ConfigError, match="missing.toml: not found"):
         load_job(str(tmp_path / "d.toml"))
+
+
+def _choices(section, key: str) -> tuple:
+    """The values config.py allows for `key` of a config dataclass."""
+    return next(f for f in dataclasses.fields(section) if f.name == key).metadata["choices"]
+
+
+def test_allowed_values_are_those_of_the_registries_they_name():
+    """config.py imports only the standard library, so it names the allowed values itself; they must be
+    exactly what the code that acts on them accepts, in the same order."""
+    from ebsp_mpi.backend import BACKENDS
+    from ebsp_mpi.data import DATASETS
+    from ebsp_mpi.nn import KINDS, SCHEDULES
+    from ebsp_mpi.sync.predictor import RULES
+    from ebsp_mpi.sync.registry import POLICIES
+
+    assert _choices(SyncConfig, "model") == POLICIES
+    assert _choices(SyncConfig, "predictor") == RULES
+    assert _choices(DataConfig, "name") == DATASETS
+    assert _choices(OptimConfig, "schedule") == SCHEDULES
+    assert _choices(ModelConfig, "kind") == KINDS
+    assert _choices(JobConfig, "backend") == BACKENDS

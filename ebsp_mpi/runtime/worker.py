@@ -20,17 +20,14 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from .. import __version__, build
+from .. import build
 from ..backend import resolve_backend
-from ..config import JobConfig, to_dict
-from ..trace.writer import open_trace
-from .comm import Context, mpi_library, wait_all
-from .protocol import PULL_FIELDS, PULL_TAG, PUSH_FIELDS, PUSH_TAG, STATS_TAG, header, plan_chunks
-from .straggler import SlowPhase, StragglerModel
+from ..config import JobConfig
+from ..straggler import straggler_model
+from .comm import Context, open_rank_trace, wait_all
+from .protocol import PULL, PULL_FIELDS, PULL_TAG, PUSH_FIELDS, PUSH_TAG, STATS_TAG, header, pack, plan_chunks
 
 log = logging.getLogger(__name__)
-
-_VERSION, _STOP = range(len(PULL_FIELDS))
 
 #: ``RANK:ITERATION[:hang]``: make that rank raise (or hang) at that iteration, or with ``end`` for the
 #: iteration after its stop reply, before it reports its statistics; to test failure handling
@@ -47,10 +44,7 @@ class Worker:
         self.ds = build.dataset(job)
         self.model = build.model(job, self.ds, xp=self.backend.xp)
         self.stream = build.batch_stream(job, self.ds, self.index, ctx.workers)
-        s = job.straggler
-        self.straggler = StragglerModel(ctx.workers, enabled=s.enabled, slowdown=s.slowdown,
-                                        jitter_sigma=s.jitter_sigma, base_s=s.base_s, seed=job.seed,
-                                        phases=[SlowPhase(**p) for p in s.phases])
+        self.straggler = straggler_model(job.straggler, ctx.workers, job.seed)
         space = self.model.space
         direct = self.backend.name == "numpy" or job.runtime.cuda_aware_mpi
         # MPI reads and writes these; on a GPU without CUDA-aware MPI they are host mirrors
@@ -71,7 +65,8 @@ class Worker:
         self.chunks_of = _chunks_of_tensors(space, chunks)  # tensor name -> indices of its chunks
         self.pulls = [comm.Recv_init([self.pull_header, MPI.DOUBLE], 0, PULL_TAG)]
         self.pulls += [comm.Recv_init([self.params_buf[c.start:c.stop], MPI.FLOAT], 0, c.tag) for c in chunks]
-        self.trace = self._open_trace()
+        self.trace = open_rank_trace(ctx, job, run_dir, role="worker", backend=self.backend.name,
+                                     device=self.backend.describe())
         self.fault = _parse_fault(os.environ.get(FAULT_ENV, ""), ctx.rank)
 
     def run(self) -> dict:
@@ -85,10 +80,9 @@ class Worker:
             wait_all(self.pulls, backoff)
             t_start = ctx.now()
             wait_total += t_start - t_push
-            version, stop = int(self.pull_header[_VERSION]), bool(self.pull_header[_STOP])
+            version, stop = int(self.pull_header[PULL.version]), bool(self.pull_header[PULL.stop])
             if row is not None:  # the previous iteration ends when its pull completes
-                row[4:6] = (t_start, t_start - t_push)
-                self.trace.append("iterations", tuple(row))
+                self.trace.append("iterations", **row, t_end=t_start, wait_s=t_start - t_push)
             if stop:
                 break
             if self.staged:
@@ -111,12 +105,14 @@ class Worker:
             t_compute_end = ctx.now()
 
             self._push_chunks(range(len(self.chunks)))  # those that wait-free backprop did not send
-            self.push_header[:] = (iteration, version, loss, delay, self.stream.epochs_done)
+            pack(self.push_header, PUSH_FIELDS, iteration=iteration, version=version, loss=loss,
+                 injected_delay_s=delay, epoch=self.stream.epochs_done)
             MPI.Prequest.Startall(self.pulls)
             t_push = ctx.now()
             self.pushes[-1].Start()
-            row = [iteration, t_start, t_compute_end, t_push, None, None, version, loss, delay,
-                   self.stream.epochs_done]
+            # the iteration's trace row, less its end (t_end, wait_s): known when the next pull completes
+            row = dict(iteration=iteration, t_start=t_start, t_compute_end=t_compute_end, t_push=t_push,
+                       version=version, loss=loss, injected_delay_s=delay, epoch=self.stream.epochs_done)
             iteration += 1
             self.trace.maybe_flush()
         wait_all(self.pushes, backoff)
@@ -160,14 +156,6 @@ class Worker:
                 self.grad_buf[c.start:c.stop] = self.backend.to_host(self.model.space.grad[c.start:c.stop])
             self.pushes[k].Start()
             self.started[k] = True
-
-    def _open_trace(self):
-        ctx, job = self.ctx, self.job
-        attrs = dict(run_id=self.run_dir.name, rank=ctx.rank, role="worker", world_size=ctx.size, host=ctx.host, pid=os.getpid(),
-                     backend=self.backend.name, device=self.backend.describe(), mpi_library=mpi_library(),
-                     package_version=__version__, config=to_dict(job), clock_offset_s=ctx.clock_offset)
-        return open_trace(self.run_dir, ctx.rank, attrs, enabled=job.trace.enabled,
-                          flush_seconds=job.trace.flush_seconds)
 
 
 def _chunks_of_tensors(space, chunks) -> dict[str, list[int]]:

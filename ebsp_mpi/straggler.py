@@ -1,17 +1,20 @@
 """Seeded straggler injection: how long a worker sleeps after each iteration's real compute.
 
-Pure numpy (no MPI): the worker loop asks :meth:`StragglerModel.delay` once per iteration, and the
-discrete-event simulator can use the same model for thousands of workers. See DESIGN.md
-"Stragglers".
+Pure (no MPI, no arrays of weights): the worker loop asks :meth:`StragglerModel.delay` once per
+iteration, and a discrete-event simulator can use the same model for thousands of workers. See
+DESIGN.md "Stragglers".
+
+The module imports NumPy only where the jitter is drawn, so that the job schema (``config``, standard
+library only) validates a job's slow phases and per-worker factors with the same code that applies
+them: :class:`SlowPhase` checks a phase, :class:`StragglerModel` checks it against the workers.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import numpy as np
 
 #: Iterations whose jitter draws are generated together, from one generator keyed by
 #: (seed, worker, block); the draw of one iteration thus depends only on (seed, worker, iteration).
@@ -38,10 +41,12 @@ class SlowPhase:
     factor: float
 
     def __post_init__(self):
+        if not _is_int(self.worker) or self.worker < 0:
+            raise ValueError(f"slow phase: worker must be an integer >= 0, got {self.worker!r}")
         if not self.t1 < self.t2:
-            raise ValueError(f"slow phase {self}: expected t1 < t2 (seconds), got t1={self.t1}, t2={self.t2}")
+            raise ValueError(f"slow phase: expected t1 < t2 (seconds), got t1={self.t1}, t2={self.t2}")
         if not (math.isfinite(self.factor) and self.factor > 0):
-            raise ValueError(f"slow phase {self}: factor must be a finite number > 0, got {self.factor}")
+            raise ValueError(f"slow phase: factor must be a finite number > 0, got {self.factor}")
 
 
 class StragglerModel:
@@ -93,29 +98,29 @@ class StragglerModel:
         base_s: float = 0.0,
         seed: int = 0,
     ):
-        if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
-            raise ValueError(f"stragglers: workers must be an integer >= 1, got {workers!r}")
+        if not _is_int(workers) or workers < 1:
+            raise ValueError(f"straggler: workers must be an integer >= 1, got {workers!r}")
         slowdown = [float(f) for f in slowdown]
         if len(slowdown) > workers:
             raise ValueError(
-                f"stragglers.slowdown has {len(slowdown)} entries {slowdown} but there are only "
+                f"straggler.slowdown has {len(slowdown)} entries {slowdown} but there are only "
                 f"{workers} workers (expected at most one factor per worker)"
             )
         for w, f in enumerate(slowdown):
             if not (math.isfinite(f) and f > 0):
-                raise ValueError(f"stragglers.slowdown[{w}] = {f}: expected a finite factor > 0")
+                raise ValueError(f"straggler.slowdown[{w}] = {f}: expected a finite factor > 0")
         if not (math.isfinite(jitter_sigma) and jitter_sigma >= 0):
-            raise ValueError(f"stragglers.jitter_sigma = {jitter_sigma}: expected a finite number >= 0")
+            raise ValueError(f"straggler.jitter_sigma = {jitter_sigma}: expected a finite number >= 0")
         if not (math.isfinite(base_s) and base_s >= 0):
-            raise ValueError(f"stragglers.base_s = {base_s}: expected a finite number of seconds >= 0")
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"stragglers.seed = {seed!r}: expected an integer >= 0")
+            raise ValueError(f"straggler.base_s = {base_s}: expected a finite number of seconds >= 0")
+        if not _is_int(seed) or seed < 0:
+            raise ValueError(f"straggler.seed = {seed!r}: expected an integer >= 0")
         for k, phase in enumerate(phases):
             if not isinstance(phase, SlowPhase):
-                raise TypeError(f"stragglers.phases[{k}] = {phase!r}: expected a SlowPhase")
-            if not 0 <= phase.worker < workers:
+                raise TypeError(f"straggler.phases[{k}] = {phase!r}: expected a SlowPhase")
+            if phase.worker >= workers:
                 raise ValueError(
-                    f"stragglers.phases[{k}]: worker {phase.worker} out of range "
+                    f"straggler.phases[{k}]: worker {phase.worker} out of range "
                     f"(expected 0 <= worker < {workers})"
                 )
 
@@ -130,7 +135,7 @@ class StragglerModel:
             tuple((p.t1, p.t2, p.factor) for p in self.phases if p.worker == w) for w in range(workers)
         ]
         # worker -> (block number, standard normal draws of that block's iterations)
-        self._normals: dict[int, tuple[int, np.ndarray]] = {}
+        self._normals: dict[int, tuple] = {}
 
     def _check_worker(self, worker: int) -> None:
         if not 0 <= worker < self.workers:
@@ -157,6 +162,8 @@ class StragglerModel:
         if cached is None or cached[0] != block:
             # One generator per block of iterations, keyed so any iteration's draw can be
             # recomputed alone: the worker loop asks in order, the simulator may not.
+            import numpy as np  # here, not at the top: see the module docstring
+
             key = np.random.SeedSequence([self.seed, worker, block])
             normals = np.random.Generator(np.random.Philox(key)).standard_normal(_JITTER_BLOCK)
             cached = (block, normals)
@@ -213,3 +220,16 @@ class StragglerModel:
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items())
         return f"StragglerModel({params})"
+
+
+def straggler_model(straggler, workers: int, seed: int) -> StragglerModel:
+    """The model a job's ``[straggler]`` section (``config.StragglerConfig``) describes for `workers`
+    workers, with the job's `seed`; ValueError names what does not fit."""
+    return StragglerModel(workers, enabled=straggler.enabled, slowdown=straggler.slowdown,
+                          jitter_sigma=straggler.jitter_sigma, base_s=straggler.base_s, seed=seed,
+                          phases=[SlowPhase(**p) for p in straggler.phases])
+
+
+def _is_int(x) -> bool:
+    """An integer, NumPy's included, but not a bool."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
