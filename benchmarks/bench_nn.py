@@ -2,11 +2,10 @@
 
 See :mod:`ebsp_mpi.bench.nn` for what is timed; ``--help`` lists the options.
 """
-import os
+from ebsp_mpi.runtime.env import cap_blas_threads
 
-for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(var, "1")   # before numpy loads its BLAS
+cap_blas_threads()  # one thread for both peers: before NumPy (and PyTorch) load their BLAS
 
-from ebsp_mpi.bench.nn import main
+from ebsp_mpi.bench.nn import main  # noqa: E402
 
 raise SystemExit(main())

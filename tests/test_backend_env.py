@@ -1,13 +1,17 @@
 """Backend choice and what the launcher's environment tells a process (no MPI initialised)."""
 
 import io
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from ebsp_mpi.backend import BackendError, cupy_status, resolve_backend
 from ebsp_mpi.progress import Progress
-from ebsp_mpi.runtime.env import limit_threads_under_mpi, rank_from_env, world_size_from_env
+from ebsp_mpi.errors import UsageError
+from ebsp_mpi.runtime.env import (BLAS_THREAD_VARS, cap_blas_threads, find_mpiexec, limit_threads_under_mpi,
+                                  rank_from_env, world_size_from_env)
 
 
 def test_numpy_backend_and_host_copies():
@@ -54,6 +58,28 @@ def test_threads_default_to_one_per_rank_only_under_mpi():
     alone = {}
     limit_threads_under_mpi(alone)
     assert alone == {}
+
+
+def test_blas_threads_capped_in_every_pool_unless_chosen():
+    env = cap_blas_threads({"MKL_NUM_THREADS": "3"}, threads=2)
+    assert env["MKL_NUM_THREADS"] == "3"
+    assert all(env[var] == "2" for var in BLAS_THREAD_VARS if var != "MKL_NUM_THREADS")
+
+
+def test_mpiexec_is_the_option_then_env_then_beside_python_then_path(tmp_path, monkeypatch):
+    assert find_mpiexec("srun --mpi=pmix", env={}) == ["srun", "--mpi=pmix"]
+    assert find_mpiexec(None, env={"MPIEXEC": "mpirun -np"}) == ["mpirun", "-np"]
+    beside = Path(sys.executable).parent / "mpiexec"
+    on_path = tmp_path / "bin"
+    on_path.mkdir()
+    (on_path / "mpiexec").write_text("#!/bin/sh\n")
+    (on_path / "mpiexec").chmod(0o755)
+    got = find_mpiexec(None, env={"PATH": str(on_path)})
+    assert got == [str(beside)] if beside.is_file() else got == [str(on_path / "mpiexec")]
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    assert find_mpiexec(None, env={"PATH": str(on_path)}) == [str(on_path / "mpiexec")]
+    with pytest.raises(UsageError, match="--mpiexec"):
+        find_mpiexec(None, env={"PATH": str(tmp_path / "empty")})
 
 
 def test_progress_writes_plain_lines_off_a_terminal():

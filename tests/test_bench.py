@@ -27,7 +27,7 @@ def run_bench(tmp_path, kind, *options, ranks=None, timeout=150):
     out = tmp_path / f"{kind}.json"
     cmd = [sys.executable, "-m", "ebsp_mpi", "bench", kind, "--json", str(out), *options]
     if ranks:
-        cmd = [mpiexec(), "-n", str(ranks)] + cmd
+        cmd = [*mpiexec(), "-n", str(ranks), *cmd]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env())
     except subprocess.TimeoutExpired as e:

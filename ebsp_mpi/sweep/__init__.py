@@ -27,13 +27,13 @@ one task per member), and ``--member K`` runs member K alone (what each array ta
 """
 
 from .cli import add_parser, main
-from .runner import (MANIFEST, Outcome, child_env, default_out, find_mpiexec, member_command, plan, run_member,
-                     run_sweep, write_comparison, write_figures, write_manifest)
+from .runner import (MANIFEST, Outcome, child_env, default_out, member_command, plan, run_member, run_sweep,
+                     write_comparison, write_figures, write_manifest)
 from .sbatch import default_template, render_sbatch
-from .spec import (DEFAULT_TIMEOUT_S, MEMBER_KEYS, SWEEP_KEYS, Member, Sweep, SweepError,
-                   check_members, load_sweep, resolve_ranks)
+from .spec import (DEFAULT_TIMEOUT_S, MEMBER_KEYS, SWEEP_KEYS, Member, Sweep, SweepError, check_members, load_sweep,
+                   resolve_ranks)
 
-__all__ = ["add_parser", "main", "Outcome", "child_env", "default_out", "find_mpiexec", "member_command",
+__all__ = ["add_parser", "main", "Outcome", "child_env", "default_out", "member_command",
            "plan", "run_member", "run_sweep", "write_comparison", "write_figures", "write_manifest",
            "default_template", "render_sbatch", "DEFAULT_TIMEOUT_S", "MANIFEST", "MEMBER_KEYS", "SWEEP_KEYS",
            "Member", "Sweep", "SweepError", "check_members", "load_sweep", "resolve_ranks"]

@@ -8,9 +8,11 @@ import sys
 import time
 from pathlib import Path
 
-from .runner import default_out, find_mpiexec, plan, run_sweep, write_comparison, write_figures
+from ..runtime.env import find_mpiexec
+from .runner import default_out, plan, run_sweep, write_comparison, write_figures
 from .sbatch import render_sbatch
 from .spec import SweepError, check_members, load_sweep, resolve_ranks
+
 
 def add_parser(subparsers) -> None:
     """Register ``sweep`` on the CLI's subparsers (``ebsp_mpi.cli``)."""
@@ -101,7 +103,7 @@ def main(args) -> int:
         try:
             write_figures(out)
         except Exception as err:  # noqa: BLE001 - the runs and the comparison are written; say what broke
-            print(f"report: error: {type(err).__name__}: {err}; rerun python analysis/report.py {out} "
+            print(f"report: error: {type(err).__name__}: {err}; rerun python -m ebsp_mpi report {out} "
                   f"--out {out / 'report'}", file=sys.stderr)
             status = 1
     return status

