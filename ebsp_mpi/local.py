@@ -1,9 +1,9 @@
 """The single-process reference trainer (world size 1): no server, no MPI traffic.
 
 With ``sync.workers = n`` each step draws the minibatches that n BSP workers would draw from their
-shards, computes each one's gradient, averages them (summed in worker order, then scaled by 1/n —
-the same arithmetic as the BSP server) and applies one optimizer step. It is the oracle that BSP over
-MPI must match (DESIGN.md, "Synchronization models").
+shards, computes each one's gradient, averages them with the BSP server's own function
+(:func:`ebsp_mpi.nn.average.round_mean`: summed in worker order, then scaled by 1/n) and applies one
+optimizer step. It is the oracle that BSP over MPI must match (DESIGN.md, "Synchronization models").
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__, build
+from . import build
 from .backend import resolve_backend
 from .config import JobConfig, to_dict
-from .outputs import AccuracyTargets, write_model, write_summary
+from .nn.average import round_mean
+from .outputs import AccuracyTargets, build_summary, write_model, write_summary
 from .progress import Progress
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,9 @@ def train(job: JobConfig, run_dir: Path, workers: int, show_progress: bool = Tru
     lr_at = build.schedule(job)
     streams = [build.batch_stream(job, ds, w, workers) for w in range(workers)]
     limit = build.iteration_limit(job, streams[0].batches_per_epoch)
-    grad_sum = xp.empty_like(space.grad) if workers > 1 else None
+    # one gradient per worker, as the server holds them; a single worker's is the model's own buffer
+    grads = [space.grad] if workers == 1 else [xp.empty_like(space.grad) for _ in range(workers)]
+    mean_buf = xp.empty_like(space.grad) if workers > 1 else None
     x_eval, y_eval = backend.asarray(ds.x_test), backend.asarray(ds.y_test)
     targets = AccuracyTargets(list(job.eval.targets))
     log.info("training %s on %s (%d train / %d test samples), %d parameters, %d worker(s), backend %s",
@@ -49,22 +52,18 @@ def train(job: JobConfig, run_dir: Path, workers: int, show_progress: bool = Tru
     progress = Progress(limit, enabled=show_progress)
     t0 = time.perf_counter()
     next_eval = job.eval.every_seconds
-    step, loss, test_loss, test_acc, evals = 0, float("nan"), None, None, []
+    step, loss, test_acc, evals = 0, float("nan"), None, []
+    compute = np.zeros(workers)  # seconds of forward + backward per worker
     while not _should_stop(job, step, limit, time.perf_counter() - t0):
         losses = []
         for w, stream in enumerate(streams):
             idx = stream.next_indices()
+            c0 = time.perf_counter()
             losses.append(model.loss_and_grad(backend.asarray(ds.x_train[idx]), backend.asarray(ds.y_train[idx])))
-            if grad_sum is not None:
-                # sum in worker order, as the BSP server does, so the two agree bit for bit where the
-                # per-worker gradients do
-                if w == 0:
-                    grad_sum[...] = space.grad
-                else:
-                    grad_sum += space.grad
-        if grad_sum is not None:
-            grad_sum *= np.float32(1.0 / workers)
-        opt.step(space.data, space.grad if grad_sum is None else grad_sum, lr_at(step))
+            compute[w] += time.perf_counter() - c0
+            if workers > 1:
+                grads[w][...] = space.grad
+        opt.step(space.data, round_mean(grads, mean_buf), lr_at(step))
         step += 1
         loss = float(np.mean(losses))
         elapsed = time.perf_counter() - t0
@@ -81,27 +80,13 @@ def train(job: JobConfig, run_dir: Path, workers: int, show_progress: bool = Tru
     evals.append((wall, step, test_loss, test_acc))
     progress.close(step, loss=loss, test_acc=test_acc, epoch=round(streams[0].epochs_done, 2))
 
-    summary = {
-        "name": job.name,
-        "sync": job.sync.model if workers > 1 else "single",
-        "workers": workers,
-        "world_size": 1,
-        "backend": backend.describe(),
-        "wall_seconds": wall,
-        "iterations": [step] * workers,
-        "wait_seconds": [0.0] * workers,
-        "barriers": step if workers > 1 else 0,
-        "rejected_pushes": 0,
-        "versions": step,
-        "train_loss": loss,
-        "test_loss": test_loss,
-        "test_accuracy": test_acc,
-        "samples_per_second": step * workers * job.data.batch_size / wall if wall > 0 else 0.0,
-        "time_to_accuracy": targets.as_dict(),
-        "evals": [{"t": t, "version": v, "test_loss": l, "test_acc": a} for t, v, l, a in evals],
-        "package_version": __version__,
-        "config": to_dict(job),
-    }
+    summary = build_summary(
+        job, sync=job.sync.model if workers > 1 else "single", world_size=1, backend=backend.describe(),
+        wall_seconds=wall, iterations=[step] * workers, wait_seconds=[0.0] * workers,
+        compute_seconds=compute.tolist(), injected_delay_seconds=None,
+        barriers=step if workers > 1 else 0, rejected_pushes=0, versions=step,
+        train_loss=loss, test_loss=test_loss, test_accuracy=test_acc, targets=targets, evals=evals,
+        mpi_library=None)
     write_model(run_dir, space.state_dict(), version=step, step=step,
                 attrs={"sync": summary["sync"], "config_json": to_dict(job)})
     write_summary(run_dir, summary)

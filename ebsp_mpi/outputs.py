@@ -1,9 +1,11 @@
 """Run outputs shared by the single-process trainer and the MPI server: the run directory,
-``summary.json``, ``model.h5`` and the time-to-accuracy bookkeeping (DESIGN.md, "Run outputs")."""
+``summary.json`` (one builder, one key set), ``model.h5`` and the time-to-accuracy bookkeeping
+(DESIGN.md, "Run outputs")."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -13,6 +15,7 @@ import h5py
 import numpy as np
 
 from . import __version__
+from .config import to_dict
 
 
 def make_run_dir(out: str | None, name: str) -> Path:
@@ -42,6 +45,67 @@ class AccuracyTargets:
     def as_dict(self) -> dict:
         """JSON keys are the thresholds as text (``"0.95"``); a target never reached maps to null."""
         return {repr(float(t)): self.reached.get(t) for t in self.targets}
+
+
+#: Every key of ``summary.json``, in the order written; the single-process trainer and the server give
+#: all of them (a key that does not apply to a run is null).
+SUMMARY_KEYS = ("name", "sync", "workers", "world_size", "backend", "wall_seconds", "iterations", "wait_seconds",
+                "compute_seconds", "injected_delay_seconds", "barriers", "rejected_pushes", "versions",
+                "train_loss", "test_loss", "test_accuracy", "samples_per_second", "time_to_accuracy", "evals",
+                "package_version", "mpi_library", "config")
+
+
+def build_summary(job, *, sync: str, world_size: int, backend: str, wall_seconds: float, iterations: list[int],
+                  wait_seconds: list[float], compute_seconds: list[float] | None,
+                  injected_delay_seconds: list[float] | None, barriers: int, rejected_pushes: int, versions: int,
+                  train_loss: float | None, test_loss: float, test_accuracy: float, targets: AccuracyTargets,
+                  evals: list[tuple[float, int, float, float]], mpi_library: str | None) -> dict:
+    """The run's ``summary.json`` as a dict with exactly :data:`SUMMARY_KEYS`.
+
+    Parameters
+    ----------
+    job : JobConfig
+        The resolved job (``name``, ``data.batch_size`` and the whole config are taken from it).
+    iterations, wait_seconds, compute_seconds, injected_delay_seconds : list, one entry per worker
+        Iterations done, and seconds blocked on pulls, in forward + backward, and slept to emulate a
+        straggler; None where the run has no such figure (the single process injects no delay).
+    evals : list of (t, version, test_loss, test_acc)
+        Every evaluation, in order; the last one is the final model's.
+    mpi_library : str or None
+        ``MPI.Get_library_version()``'s first line; None without MPI.
+
+    A float that is not finite (a diverged loss) is written as null, so the file is strict JSON.
+    """
+    summary = {
+        "name": job.name,
+        "sync": sync,
+        "workers": len(iterations),
+        "world_size": world_size,
+        "backend": backend,
+        "wall_seconds": wall_seconds,
+        "iterations": [int(i) for i in iterations],
+        "wait_seconds": list(wait_seconds),
+        "compute_seconds": None if compute_seconds is None else list(compute_seconds),
+        "injected_delay_seconds": None if injected_delay_seconds is None else list(injected_delay_seconds),
+        "barriers": int(barriers),
+        "rejected_pushes": int(rejected_pushes),
+        "versions": int(versions),
+        "train_loss": _finite_or_none(train_loss),
+        "test_loss": _finite_or_none(test_loss),
+        "test_accuracy": _finite_or_none(test_accuracy),
+        "samples_per_second": sum(iterations) * job.data.batch_size / wall_seconds if wall_seconds > 0 else 0.0,
+        "time_to_accuracy": targets.as_dict(),
+        "evals": [{"t": t, "version": int(v), "test_loss": _finite_or_none(loss), "test_acc": _finite_or_none(acc)}
+                  for t, v, loss, acc in evals],
+        "package_version": __version__,
+        "mpi_library": mpi_library,
+        "config": to_dict(job),
+    }
+    return summary
+
+
+def _finite_or_none(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)
 
 
 def write_summary(run_dir: Path, summary: dict) -> Path:

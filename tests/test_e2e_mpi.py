@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 import pytest
 
-from ebsp_mpi.outputs import read_model
+from ebsp_mpi.outputs import SUMMARY_KEYS, read_model
 from ebsp_mpi.trace import read_run
 from mpirun import child_env, local, train, train_cmd, watchdog_flags
 
@@ -44,6 +44,23 @@ def test_bsp_over_mpi_equals_the_single_process_oracle(kind, wire, tmp_path):
     assert sorted(a) == sorted(b)
     assert attrs_a["version"] == attrs_b["version"] == 50
     assert max(float(np.abs(a[k] - b[k]).max()) for k in a) <= 1e-5
+
+
+def test_single_process_and_mpi_runs_write_the_same_summary_keys(tmp_path):
+    """One builder for summary.json: the same keys, in the same order, whichever trainer ran; a key that
+    does not apply is null (no MPI library without MPI, no injected delay in the single process)."""
+    p = train(3, tmp_path / "mpi", "stop.iterations=20", "straggler.slowdown=[1, 2]")
+    assert p.returncode == 0, p.stderr
+    q = local(tmp_path / "single", "stop.iterations=20", "sync.workers=2")
+    assert q.returncode == 0, q.stderr
+    mpi, single = summary(tmp_path / "mpi"), summary(tmp_path / "single")
+    assert list(mpi) == list(single) == list(SUMMARY_KEYS)
+    assert single["mpi_library"] is None and single["injected_delay_seconds"] is None
+    assert mpi["mpi_library"] and len(mpi["injected_delay_seconds"]) == 2
+    for s in (mpi, single):
+        assert s["iterations"] == [20, 20] and len(s["compute_seconds"]) == len(s["wait_seconds"]) == 2
+        assert s["train_loss"] > 0 and s["evals"][-1]["test_acc"] == s["test_accuracy"]
+        assert s["evals"][-1]["version"] == s["versions"] == s["barriers"] == 20
 
 
 def worker_iterations(run_dir: Path) -> dict[int, np.ndarray]:

@@ -4,9 +4,39 @@ posted for; without MPI running."""
 import pytest
 
 from ebsp_mpi.nn import build_model
-from ebsp_mpi.runtime.protocol import (AUTO_CHUNK_BYTES, CHUNK_TAG0, STATS_TAG, ProtocolError, chunk_bytes_for,
-                                      plan_chunks)
+from ebsp_mpi.runtime import protocol
+from ebsp_mpi.runtime.protocol import (AUTO_CHUNK_BYTES, CHUNK_TAG0, PULL, PULL_FIELDS, PUSH, PUSH_FIELDS, STATS_TAG,
+                                      ProtocolError, chunk_bytes_for, field_index, header, pack, plan_chunks)
 from ebsp_mpi.runtime.worker import _chunks_of_tensors
+
+
+def test_headers_are_written_and_read_by_field_name():
+    head = header(PUSH_FIELDS)
+    pack(head, PUSH_FIELDS, epoch=1.5, loss=0.25, iteration=7, version=3, injected_delay_s=0.01)
+    assert (head[PUSH.iteration], head[PUSH.version], head[PUSH.loss]) == (7, 3, 0.25)
+    assert (head[PUSH.injected_delay_s], head[PUSH.epoch]) == (0.01, 1.5)
+    reply = header(PULL_FIELDS)
+    pack(reply, PULL_FIELDS, stop=1.0, version=9)
+    assert (reply[PULL.version], reply[PULL.stop]) == (9, 1.0)
+
+
+def test_a_missing_or_unknown_header_field_is_an_error():
+    head = header(PULL_FIELDS)
+    with pytest.raises(ValueError, match="expected exactly"):
+        pack(head, PULL_FIELDS, version=1)
+    with pytest.raises(ValueError, match="expected exactly"):
+        pack(head, PULL_FIELDS, version=1, stop=0.0, loss=2.0)
+
+
+def test_field_positions_follow_the_fields_whatever_their_order():
+    index = field_index(("b", "a", "c"))
+    assert (index.a, index.b, index.c) == (1, 0, 2)
+
+
+def test_every_tag_is_named_once_in_the_protocol():
+    tags = {name: value for name, value in vars(protocol).items() if name.endswith("_TAG")}
+    assert set(tags) == {"PUSH_TAG", "PULL_TAG", "CLOCK_TAG", "STATS_TAG"}
+    assert len(set(tags.values())) == len(tags) and max(tags.values()) < CHUNK_TAG0
 
 
 def test_chunks_cover_the_buffer_in_order_and_never_straddle_tensors():

@@ -105,7 +105,7 @@ class ServerWork:
         return all(all_finite(g) for g in grads)
 
     def step(self, grads: list[np.ndarray], params: np.ndarray, c) -> None:
-        from ..runtime.server import round_mean
+        from ..nn.average import round_mean
 
         piece = slice(c.start, c.stop)
         mean = round_mean([g[piece] for g in grads], None if self.mean is None else self.mean[piece])
@@ -250,7 +250,7 @@ def runtime_round_trips(ctx, job, warmup: int) -> tuple[list[list[float]], dict 
         return [], None, None
     core = None
     if len(rounds) > warmup + 1:
-        receive, step, starts = (np.array(column) for column in zip(*rounds[warmup:]))
+        receive, step, starts = (np.array(column) for column in zip(*rounds[warmup:], strict=True))
         core = {"receive + check": float(np.median(receive)), "step + reply sends": float(np.median(step)),
                 "round": float(np.median(np.diff(starts)))}
     return periods[1:], (result[1] if read is not None else None), core
@@ -340,7 +340,7 @@ def update_case(params: int, reps: int) -> list[dict]:
     fns = {"update": update, "numpy update": numpy_update, "axpy": axpy}
     if opt.fused:  # Numba imports
         fns["compiled axpy"] = lambda: _compiled_axpy()(y, x, a)
-    t = dict(zip(fns, alternate(list(fns.values()), reps, warmup=2)))
+    t = dict(zip(fns, alternate(list(fns.values()), reps, warmup=2), strict=True))
     nbytes = 4 * params
     name = f"{params:,} params ({nbytes / 2**20:.2f} MiB)"
     how = "fused" if opt.fused else "numpy"
@@ -414,7 +414,7 @@ def main(argv=None, records: list | None = None) -> int:
         print_table("the same work without the runtime: raw MPI (blocking waits), with rank 0 checking every "
                     "gradient, then updating and sending the reply chunk by chunk as the server does", ceilings)
         print("the runtime against it (ratio): " + ", ".join(
-            f"{_short(r['case'])} {r['figure'] / c['figure']:.2f}" for r, c in zip(trips, ceilings)))
+            f"{_short(r['case'])} {r['figure'] / c['figure']:.2f}" for r, c in zip(trips, ceilings, strict=True)))
         print()
         if parts:
             print("where worker 0's round trip goes (medians, from the traces): push = until the server "

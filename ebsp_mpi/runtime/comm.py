@@ -15,12 +15,14 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
+from .. import __version__
+from ..config import to_dict
 from ..errors import UsageError
-from .protocol import chunk_bytes_for
+from ..trace.writer import open_trace
+from .protocol import CLOCK_TAG, chunk_bytes_for
 
 log = logging.getLogger(__name__)
 
-CLOCK_TAG = 3
 #: seconds between printing why the job stops and calling MPI_Abort
 ABORT_GRACE_S = 0.5
 CLOCK_ROUNDS = 8
@@ -203,6 +205,16 @@ def _measure_clock_offset(comm: MPI.Comm) -> float:
         if tb - ta < best_rtt:
             best_rtt, offset = tb - ta, float(buf[0]) - (ta + tb) / 2
     return offset
+
+
+def open_rank_trace(ctx: Context, job, run_dir, *, role: str, backend: str, device: str):
+    """This rank's trace file in `run_dir`, with the root attributes every rank writes (DESIGN.md,
+    "Run outputs"): run id, rank, role, world size, host, pid, backend, device, MPI library, package
+    version, the resolved job and the clock offset to rank 0."""
+    attrs = dict(run_id=run_dir.name, rank=ctx.rank, role=role, world_size=ctx.size, host=ctx.host, pid=os.getpid(),
+                 backend=backend, device=device, mpi_library=mpi_library(), package_version=__version__,
+                 config=to_dict(job), clock_offset_s=ctx.clock_offset)
+    return open_trace(run_dir, ctx.rank, attrs, enabled=job.trace.enabled, flush_seconds=job.trace.flush_seconds)
 
 
 def mpi_library() -> str:

@@ -23,13 +23,15 @@ Headers are float64 arrays: every integer field is exact below 2**53.
 
 from __future__ import annotations
 
+from collections import namedtuple
 from dataclasses import dataclass
 
 import numpy as np
 
 PUSH_TAG = 1
 PULL_TAG = 2
-STATS_TAG = 4  # 3 is the clock ping-pong's (runtime.comm)
+CLOCK_TAG = 3  # the clock-offset ping-pong at start-up (runtime.comm)
+STATS_TAG = 4
 CHUNK_TAG0 = 100
 
 #: push header: iteration (0-based index of this worker's iteration), the model version the gradient was
@@ -39,9 +41,28 @@ PUSH_FIELDS = ("iteration", "version", "loss", "injected_delay_s", "epoch")
 PULL_FIELDS = ("version", "stop")
 
 
+def field_index(fields: tuple[str, ...]):
+    """Each field's position in a header of `fields`, by name (``PUSH.loss``), so that no code
+    depends on the order of the fields."""
+    return namedtuple("FieldIndex", fields)(*range(len(fields)))
+
+
+#: positions in a push header and a pull reply header: ``head[PUSH.iteration]``, ``head[PULL.stop]``
+PUSH = field_index(PUSH_FIELDS)
+PULL = field_index(PULL_FIELDS)
+
+
 def header(fields: tuple[str, ...]) -> np.ndarray:
     """A zeroed header buffer for `fields`."""
     return np.zeros(len(fields), dtype=np.float64)
+
+
+def pack(head: np.ndarray, fields: tuple[str, ...], **values: float) -> None:
+    """Write every field of `fields` into the header buffer `head`, by name; a missing or unknown
+    field is an error (ValueError), not a silently shifted or stale value."""
+    if len(values) != len(fields) or not all(name in values for name in fields):
+        raise ValueError(f"header fields {sorted(values)}, expected exactly {list(fields)}")
+    head[:] = [values[name] for name in fields]
 
 
 @dataclass(frozen=True)

@@ -13,43 +13,27 @@ model one slice at a time, watch for stalled workers, flush the trace and report
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
 
-from .. import __version__, build
+from .. import build
 from ..config import JobConfig, to_dict
+from ..nn.average import round_mean
 from ..nn.kernels import all_finite
-from ..outputs import AccuracyTargets, write_model, write_summary
+from ..outputs import AccuracyTargets, build_summary, write_model, write_summary
 from ..progress import Progress
 from ..sync.registry import make_policy
-from ..trace.writer import open_trace
-from .comm import Context, JobFailure, mpi_library
+from .comm import Context, JobFailure, mpi_library, open_rank_trace
 from .evaluator import Evaluator
-from .protocol import (PULL_FIELDS, PULL_TAG, PUSH_FIELDS, PUSH_TAG, STATS_TAG, ProtocolError, header,
+from .protocol import (PULL_FIELDS, PULL_TAG, PUSH, PUSH_FIELDS, PUSH_TAG, STATS_TAG, ProtocolError, header, pack,
                        plan_chunks)
 
 log = logging.getLogger(__name__)
 
 #: seconds between housekeeping passes (watchdog, eval start, trace flush, progress, stray messages)
 HOUSEKEEPING_S = 0.05
-
-_IT, _VER, _LOSS, _DELAY, _EPOCH = range(len(PUSH_FIELDS))
-
-
-def round_mean(grads: list[np.ndarray], out: np.ndarray | None) -> np.ndarray:
-    """The mean of `grads` (float32 arrays of one shape), summed in their order as the single-process
-    oracle sums them, into `out`; a single gradient is returned as it is (its mean, bit for bit), and
-    `out` may then be None."""
-    if len(grads) == 1:
-        return grads[0]
-    np.add(grads[0], grads[1], out=out)
-    for g in grads[2:]:
-        out += g
-    out *= np.float32(1.0 / len(grads))
-    return out
 
 
 class StallError(JobFailure):
@@ -80,10 +64,7 @@ class Server:
         self.params = model.space.data
         self.opt = build.optimizer(job, self.space.size)
         self.lr_at = build.schedule(job)
-        self.policy = make_policy(job.sync.model, n, staleness=job.sync.staleness,
-                                  dssp_range=job.sync.dssp_range, lookahead=job.sync.lookahead,
-                                  penalty=job.sync.penalty, predictor=job.sync.predictor,
-                                  ema_alpha=job.sync.ema_alpha)
+        self.policy = make_policy(job.sync, n)
         self.chunks = plan_chunks([(t.offset, t.size) for t in self.space.tensors], self.params.itemsize,
                                   ctx.chunk_bytes(job.runtime.chunk_bytes), ctx.comm.Get_attr(MPI.TAG_UB))
         self.limits = [build.iteration_limit(job, build.batch_stream(job, self.ds, w, n).batches_per_epoch)
@@ -92,6 +73,7 @@ class Server:
                                    job.eval.batch_size)
         self.targets = AccuracyTargets(list(job.eval.targets))
         self.last_eval = (None, None)  # (test loss, test accuracy) of the latest evaluation
+        self.evals: list[tuple] = []  # (t, version, test loss, test accuracy) of every evaluation
 
         # one gradient buffer and header per worker, with persistent receives for every part of a push
         self.grads = [np.empty_like(self.params) for _ in range(n)]
@@ -109,13 +91,12 @@ class Server:
         self.statuses = [MPI.Status() for _ in self.recvs]
         self.missing = np.zeros(n, dtype=np.int64)  # parts of the current push not yet arrived
         self.bad = np.zeros(n, dtype=bool)  # a chunk of the current push held NaN or Inf
-        self.round_sum = np.empty_like(self.params) if self.policy.round_based else None
+        self.mean_buf = np.empty_like(self.params) if self.policy.round_based else None  # a round's mean
         self.round_members: list[int] = []
 
         self.version = 0
         self.pushes = np.zeros(n, dtype=np.int64)
         self.rejected = 0
-        self.rounds = 0
         self.left: set[int] = set()
         self.pull_requested = np.zeros(n)  # when each worker's pending pull arrived (its push time)
         self.last_heard = np.zeros(n)
@@ -123,7 +104,7 @@ class Server:
         self.free_snapshots: list[np.ndarray] = []
         self.last_loss = np.full(n, np.nan)
         self.stats: list[dict | None] = [None] * n  # what each worker reports once it has stopped
-        self.trace = self._open_trace()
+        self.trace = open_rank_trace(ctx, job, run_dir, role="server", backend="numpy", device="cpu")
         total = sum(self.limits) if all(lim is not None for lim in self.limits) else None
         self.progress = Progress(total, enabled=show_progress)
 
@@ -180,7 +161,7 @@ class Server:
 
     def _on_push(self, w: int, t: float) -> None:
         head, grad = self.push_headers[w], self.grads[w]
-        iteration, version_used = int(head[_IT]), int(head[_VER])
+        iteration, version_used = int(head[PUSH.iteration]), int(head[PUSH.version])
         if iteration != self.pushes[w]:
             raise ProtocolError(f"push from rank {w + 1}: iteration {iteration}, expected {self.pushes[w]}")
         version_before = self.version
@@ -194,9 +175,10 @@ class Server:
             self.opt.step(self.params, grad, self.lr_at(self.version))
             self.version += 1
         self.pushes[w] += 1
-        self.last_loss[w] = head[_LOSS]
+        self.last_loss[w] = head[PUSH.loss]
         self.pull_requested[w] = t
-        self.trace.append("pushes", (w, iteration, t, version_before, version_before - version_used, rejected))
+        self.trace.append("pushes", worker=w, iteration=iteration, t=t, version_before=version_before,
+                          staleness=version_before - version_used, rejected=rejected)
         self._decide(self.policy.on_push(w, t), t)
         if self._limit_reached(w) and w not in self.left:
             # its last push: tell it to stop now rather than after the policy would release it
@@ -244,7 +226,6 @@ class Server:
         """
         members = sorted(self.round_members)
         self.round_members.clear()
-        self.rounds += 1
         self._settle_replies()
         lr = self.lr_at(self.version)
         if members:  # else every push of the round was rejected, and the weights stay as they are
@@ -258,7 +239,7 @@ class Server:
 
     def _round_mean(self, members: list[int], c) -> np.ndarray:
         """Chunk `c` of the mean of the members' gradients, summed in worker order (as the oracle)."""
-        return round_mean([self.grads[w][c.start:c.stop] for w in members], self.round_sum[c.start:c.stop])
+        return round_mean([self.grads[w][c.start:c.stop] for w in members], self.mean_buf[c.start:c.stop])
 
     def _limit_reached(self, w: int) -> bool:
         """`w` has pushed its last iteration (``stop.iterations`` / ``stop.epochs``)."""
@@ -308,7 +289,7 @@ class Server:
             self.bad[w] = False
             MPI.Prequest.Startall(self.recvs[w * self.parts:(w + 1) * self.parts])
         head = header(PULL_FIELDS)
-        head[:] = (self.version, 1.0 if stop else 0.0)
+        pack(head, PULL_FIELDS, version=self.version, stop=1.0 if stop else 0.0)
         comm = self.ctx.comm
         requests = [comm.Isend([head, MPI.DOUBLE], w + 1, PULL_TAG)]
         if send_weights:
@@ -316,7 +297,7 @@ class Server:
         reply = _PendingReply(w, requests, snapshot, head, t)
         self.replies.append(reply)
         self.last_heard[w] = t
-        self.trace.append("pulls", (w, self.pull_requested[w], t, self.version))
+        self.trace.append("pulls", worker=w, t_request=self.pull_requested[w], t_reply=t, version=self.version)
         return reply
 
     def _complete_replies(self) -> bool:
@@ -337,9 +318,13 @@ class Server:
         if result is None:
             return
         t, version, loss, acc, seconds = result
-        self.trace.append("evals", (t, version, loss, acc, seconds))
-        self.targets.observe(t, acc)
+        self._record_eval(t, version, loss, acc, seconds)
         self.last_eval = (loss, acc)
+
+    def _record_eval(self, t: float, version: int, loss: float, acc: float, seconds: float) -> None:
+        self.trace.append("evals", t=t, version=version, test_loss=loss, test_acc=acc, seconds=seconds)
+        self.evals.append((t, version, loss, acc))
+        self.targets.observe(t, acc)
 
     def _housekeeping(self, now: float) -> None:
         self._watchdog(now)
@@ -393,20 +378,12 @@ class Server:
         for record in self.policy.take_records():
             self.trace.append(record.table, **record.row)
 
-    def _open_trace(self):
-        ctx, job = self.ctx, self.job
-        attrs = dict(run_id=self.run_dir.name, rank=0, role="server", world_size=ctx.size, host=ctx.host, pid=os.getpid(),
-                     backend="numpy", device="cpu", mpi_library=mpi_library(), package_version=__version__,
-                     config=to_dict(job), clock_offset_s=0.0)
-        return open_trace(self.run_dir, 0, attrs, enabled=job.trace.enabled, flush_seconds=job.trace.flush_seconds)
-
     # -- the end --------------------------------------------------------------------------------
 
     def _finish(self) -> dict:
         wall = self.ctx.now()
         loss, acc = self.evaluator.evaluate_now(self.params)
-        self.trace.append("evals", (wall, self.version, loss, acc, self.ctx.now() - wall))
-        self.targets.observe(wall, acc)
+        self._record_eval(wall, self.version, loss, acc, self.ctx.now() - wall)
         # the trained model and the server's trace do not depend on the workers' statistics: keep them
         # even if a worker fails to report
         write_model(self.run_dir, self.space.state_dict(), version=self.version, step=self.version,
@@ -414,28 +391,16 @@ class Server:
         self.trace.flush()
         stats = self._collect_stats()
         self.progress.close(int(self.pushes.sum()), test_acc=acc, version=self.version)
-        summary = {
-            "name": self.job.name,
-            "sync": self.policy.name,
-            "workers": self.n,
-            "world_size": self.ctx.size,
-            "backend": stats[0]["backend"] if stats else "numpy",
-            "wall_seconds": wall,
-            "iterations": [int(p) for p in self.pushes],
-            "wait_seconds": [s["wait_seconds"] for s in stats],
-            "compute_seconds": [s["compute_seconds"] for s in stats],
-            "injected_delay_seconds": [s["injected_delay_seconds"] for s in stats],
-            "barriers": self.rounds if self.policy.round_based else int(getattr(self.policy, "barriers", 0)),
-            "rejected_pushes": self.rejected,
-            "versions": self.version,
-            "test_loss": loss,
-            "test_accuracy": acc,
-            "samples_per_second": float(self.pushes.sum()) * self.job.data.batch_size / wall,
-            "time_to_accuracy": self.targets.as_dict(),
-            "package_version": __version__,
-            "mpi_library": mpi_library(),
-            "config": to_dict(self.job),
-        }
+        heard = self.last_loss[np.isfinite(self.last_loss)]
+        summary = build_summary(
+            self.job, sync=self.policy.name, world_size=self.ctx.size,
+            backend=stats[0]["backend"] if stats else "numpy", wall_seconds=wall, iterations=self.pushes.tolist(),
+            wait_seconds=[s["wait_seconds"] for s in stats], compute_seconds=[s["compute_seconds"] for s in stats],
+            injected_delay_seconds=[s["injected_delay_seconds"] for s in stats],
+            barriers=self.policy.barriers,
+            rejected_pushes=self.rejected, versions=self.version,
+            train_loss=float(heard.mean()) if heard.size else None, test_loss=loss, test_accuracy=acc,
+            targets=self.targets, evals=self.evals, mpi_library=mpi_library())
         write_summary(self.run_dir, summary)
         self.trace.set_attrs(rejected_pushes=self.rejected)
         self.trace.close()
