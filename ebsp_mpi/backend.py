@@ -76,11 +76,11 @@ def cupy_status() -> tuple[Any, str]:
     """``(cupy module, "")`` when CuPy imports and sees a CUDA device, else ``(None, reason)``."""
     try:
         import cupy
-    except Exception as e:  # ImportError, or a CUDA library that fails to load
+    except Exception as e:  # noqa: BLE001 - ImportError, or a CUDA library that fails to load
         return None, f"CuPy cannot be imported ({type(e).__name__}: {e}); install the extra: pip install -e '.[gpu]'"
     try:
         count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - CUDA's errors have no common base short of Exception
         return None, f"CuPy sees no CUDA driver or device ({type(e).__name__}: {e})"
     if count < 1:
         return None, "CuPy sees no CUDA device"

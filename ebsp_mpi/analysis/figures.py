@@ -221,16 +221,16 @@ def timeline(runs: Sequence[Run], path: Path, window: tuple[float, float] | None
     fig = Figure(figsize=(12, height), layout="constrained")
     axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
     claims = []
-    for ax, run in zip(axes, panels):
+    for ax, run in zip(axes, panels, strict=True):
         it = run.frames.table("iterations")
         slow = slowest_worker(run.frames)
         workers = run.frames.workers
         win = it[(it["t_end"] > start) & (it["t_start"] < stop)]
-        for (_, colour), (worker, begin, end) in zip(PHASES, _phase_spans(win, start, stop)):
+        for (_, colour), (worker, begin, end) in zip(PHASES, _phase_spans(win, start, stop), strict=True):
             for w in range(workers):
                 mine = worker == w
                 if mine.any():
-                    ax.broken_barh(list(zip(begin[mine], end[mine] - begin[mine])), (w - 0.38, 0.76),
+                    ax.broken_barh(list(zip(begin[mine], end[mine] - begin[mine], strict=True)), (w - 0.38, 0.76),
                                    facecolors=colour, edgecolor="none")
         for t in barrier_times(run.frames):
             if start <= t <= stop:
@@ -333,7 +333,8 @@ def iteration_rate(runs: Sequence[Run], path: Path) -> str:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # a worker whose trace is missing: NaN
             mean = np.nanmean(rates, axis=0)
-            err = np.stack([mean - np.nanmin(rates, axis=0), np.nanmax(rates, axis=0) - mean]) if len(group) > 1 else None
+            err = (np.stack([mean - np.nanmin(rates, axis=0), np.nanmax(rates, axis=0) - mean])
+                   if len(group) > 1 else None)
         ax.bar(pos[:, j], mean, width=width, color=colour[label], alpha=0.85, edgecolor="black", lw=0.5,
                yerr=err, capsize=3, label=_legend_label(label, len(group)))
         if slow is not None and mean[slow] > 0:
@@ -366,7 +367,7 @@ def staleness(runs: Sequence[Run], path: Path) -> str:
     rows = math.ceil(len(values) / cols)
     fig = Figure(figsize=(11, 1.2 + 2.0 * rows), layout="constrained")
     axes = fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False).ravel()
-    for ax, (label, v) in zip(axes, values.items()):
+    for ax, (label, v) in zip(axes, values.items(), strict=False):
         if len(v):
             counts = np.bincount(v.astype(np.int64), minlength=top + 1)
             share = 100 * counts / counts.sum()

@@ -89,7 +89,8 @@ def _release_times(tables: dict, sync: str) -> list[tuple[str, float]]:
         order = np.argsort(pulls["t_reply"], kind="stable")
         t_sorted, v_sorted = pulls["t_reply"][order], pulls["version"][order]
         _, first = np.unique(v_sorted, return_index=True)
-        return [(f"BSP round {int(v)} released", float(t)) for v, t in zip(v_sorted[first], t_sorted[first])]
+        return [(f"BSP round {int(v)} released", float(t))
+                for v, t in zip(v_sorted[first], t_sorted[first], strict=True)]
     return []
 
 
@@ -144,7 +145,7 @@ def trace_events(run_dir: str | os.PathLike) -> dict:
     if server is not None:
         pushes = server.table("pushes")
         staleness = {(int(w), int(i)): int(s) for w, i, s in zip(pushes["worker"], pushes["iteration"],
-                                                                  pushes["staleness"])}
+                                                                  pushes["staleness"], strict=True)}
     events: list[dict] = []
     if server is not None:
         events += _server_events(server.tables, max(world - 1, 0), sync)

@@ -1,6 +1,6 @@
 """The report of one or more runs: a summary table (Markdown and CSV), the comparison, and the figures.
 
-``python analysis/report.py RUN_DIR... --out DIR`` writes into DIR:
+``python -m ebsp_mpi report RUN_DIR... --out DIR`` (or ``python analysis/report.py``) writes into DIR:
 
 - ``summary.csv``, ``summary.md`` — one row per run (:func:`~ebsp_mpi.analysis.metrics.summary_row`);
 - ``zipline.csv``, ``zipline.md`` — when an ElasticBSP run is among them, ZipLine's prediction error
@@ -156,8 +156,8 @@ def _write_page(report: Report, table, cmp: compare.Comparison, zipline) -> Path
     lines = [f"# Report of {len(table)} run(s)", ""]
     if report.problems:
         lines += ["## Problems", ""] + [f"- {p}" for p in report.problems] + [""]
-    lines += ["## Summary", "", summary_markdown(table), "Times in seconds on rank 0's clock; wait share: "
-              "share of a worker's active span spent waiting for the pull, mean over workers.", "",
+    lines += ["## Summary", "", summary_markdown(table), ("Times in seconds on rank 0's clock; wait share: "
+               "share of a worker's active span spent waiting for the pull, mean over workers."), "",
               "## Comparison", "", compare.to_markdown(cmp)]
     if len(zipline):
         note = ("Spreads in ms over the barriers of two or more workers, pooled over each label's runs: "

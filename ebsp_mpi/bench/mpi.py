@@ -55,7 +55,7 @@ def measure(comm, sizes: list[int], reps: int, warmup: int) -> list[dict]:
         rtt = ping_pong(pair, buf, n, warmup)
         if rank == 0:
             dst = np.empty_like(buf)
-            copy_s = median_seconds(lambda: np.copyto(dst, buf), n, warmup=max(1, warmup))
+            copy_s = median_seconds(lambda dst=dst, buf=buf: np.copyto(dst, buf), n, warmup=max(1, warmup))
             one_way = rtt / 2
             label = size_label(nbytes)
             records.append(record("mpi", f"bandwidth {label}", nbytes / one_way, "B/s",
@@ -72,7 +72,7 @@ def print_sizes(found: list[dict]) -> None:
     head = f"{'size':>8} | {'one-way':>10} {'copy':>10} | {'bandwidth':>11} {'copy':>11} | {'ratio':>6}"
     print(head)
     print("-" * len(head))
-    for bandwidth, latency in zip(found[::2], found[1::2]):
+    for bandwidth, latency in zip(found[::2], found[1::2], strict=True):
         size = bandwidth["case"].removeprefix("bandwidth ")
         print(f"{size:>8} | {human(latency['figure'], 's'):>10} {human(latency['reference_figure'], 's'):>10} | "
               f"{human(bandwidth['figure'], 'B/s'):>11} {human(bandwidth['reference_figure'], 'B/s'):>11} | "

@@ -109,8 +109,9 @@ def measure(comm, args) -> tuple[list[dict], dict, dict, dict]:
                 found.append(record("overhead", f"BSP, 1 worker + server, traces {'on' if trace else 'off'}: "
                                                 f"{params:,} params, batch {_batch(args.set)}",
                                     statistics.median(p for p, _ in mpi_s[trace]), "s", "single process", reference))
-                computes[f"BSP worker, traces {'on' if trace else 'off'}"] = statistics.median(c for _, c in mpi_s[trace])
-                paired[f"traces {'on' if trace else 'off'}"] = [m / s for (m, _), (s, _) in zip(mpi_s[trace], local_s)]
+                traces = f"traces {'on' if trace else 'off'}"
+                computes[f"BSP worker, {traces}"] = statistics.median(c for _, c in mpi_s[trace])
+                paired[traces] = [m / s for (m, _), (s, _) in zip(mpi_s[trace], local_s, strict=True)]
             if parts:
                 median_parts = {name: statistics.median(p[name] for p in parts) for name in parts[0]}
         ctx.comm.Free()

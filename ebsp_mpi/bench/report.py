@@ -49,7 +49,7 @@ def alternate(fns: list[Callable[[], object]], reps: int, warmup: int = 1) -> li
             fn()
     times: list[list[float]] = [[] for _ in fns]
     for _ in range(reps):
-        for fn, ts in zip(fns, times):
+        for fn, ts in zip(fns, times, strict=True):
             t = time.perf_counter()
             fn()
             ts.append(time.perf_counter() - t)

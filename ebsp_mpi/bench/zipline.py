@@ -65,14 +65,14 @@ def main(argv=None, records: list | None = None) -> int:
         heap = zipline_heap(M)
         if not (np.array_equal(fast.index, heap.index) and fast.spread == heap.spread):
             raise RuntimeError(f"zipline and zipline_heap disagree at n={n}, R={R}")
-        t_fast = median_seconds(lambda: zipline(M), args.reps)
-        t_heap = median_seconds(lambda: zipline_heap(M), args.reps)
+        t_fast = median_seconds(lambda M=M: zipline(M), args.reps)
+        t_heap = median_seconds(lambda M=M: zipline_heap(M), args.reps)
         brute_cell, ratio_cell = f"{'-':>9}", f"{'-':>13}"
         if n * np.log10(R) <= np.log10(args.brute_limit):
             brute = zipline_brute(M)
             if not (np.array_equal(fast.index, brute.index) and fast.spread == brute.spread):
                 raise RuntimeError(f"zipline and zipline_brute disagree at n={n}, R={R}")
-            t_brute = median_seconds(lambda: zipline_brute(M), max(1, args.reps // 2))
+            t_brute = median_seconds(lambda M=M: zipline_brute(M), max(1, args.reps // 2))
             brute_cell, ratio_cell = f"{t_brute * 1e3:9.2f}", f"{t_brute / t_fast:13.1f}"
             if records is not None:
                 records.append(record("zipline", f"n={n} R={R}", t_fast, "s", "brute force", t_brute))

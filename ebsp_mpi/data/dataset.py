@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy
 
@@ -44,8 +43,8 @@ class Dataset:
     y_test: numpy.ndarray
     num_classes: int
     input_shape: tuple
-    mean: Optional[numpy.ndarray] = None
-    std: Optional[numpy.ndarray] = None
+    mean: numpy.ndarray | None = None
+    std: numpy.ndarray | None = None
 
     def __post_init__(self):
         self.input_shape = tuple(int(d) for d in self.input_shape)
@@ -100,7 +99,7 @@ def split_train_test(x: numpy.ndarray, y: numpy.ndarray, test_fraction: float, s
     if isinstance(test_fraction, bool) or not isinstance(test_fraction, (int, float, numpy.number)) \
             or not 0.0 < test_fraction < 1.0:
         raise DatasetError(f"{source}: data.test_fraction = {test_fraction!r}; expected a number in (0, 1)")
-    n_test = int(round(n * test_fraction))
+    n_test = int(round(n * test_fraction))  # noqa: RUF046 - under NumPy 1.x a NumPy fraction rounds to a float
     if n_test < 1 or n_test >= n:
         raise DatasetError(
             f"{source}: test_fraction = {test_fraction} of {n} samples leaves {n_test} test and "

@@ -27,7 +27,7 @@ def digits_path() -> str:
     spec = importlib.util.find_spec("sklearn")
     if spec is None or not spec.submodule_search_locations:
         raise DatasetError("dataset 'digits' reads sklearn/datasets/data/digits.csv.gz, but scikit-learn is not "
-                           "installed; install it (pip install scikit-learn) or choose another data.dataset")
+                           "installed; install it (pip install scikit-learn) or choose another data.name")
     for location in spec.submodule_search_locations:
         path = os.path.join(location, *RESOURCE)
         if os.path.isfile(path):

@@ -45,7 +45,8 @@ def _loops() -> SimpleNamespace | None:
         try:
             import numba
         except ImportError as e:
-            warnings.warn(f"numba does not import ({e}); SGD and the NaN check take the slower NumPy path")
+            warnings.warn(f"numba does not import ({e}); SGD and the NaN check take the slower NumPy path",
+                          stacklevel=2)
             AVAILABLE = False
             return None
 

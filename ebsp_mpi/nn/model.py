@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy
 
@@ -56,10 +56,10 @@ class Model:
         for layer in self.layers:
             layer.bind(self.space)
         # Nothing consumes the gradient below the first layer with parameters: skip computing it.
-        self._first_trainable = next((i for i, l in enumerate(self.layers) if l.tensor_names), 0)
+        self._first_trainable = next((i for i, layer in enumerate(self.layers) if layer.tensor_names), 0)
 
     def __repr__(self) -> str:
-        inner = ", ".join(repr(l) for l in self.layers)
+        inner = ", ".join(repr(layer) for layer in self.layers)
         return f"Model({self.kind}, in_shape={self.in_shape}, [{inner}], {self.space.size} params)"
 
     def _as_input(self, x):
@@ -131,8 +131,8 @@ class Model:
         for start in range(0, n, batch_size):
             stop = min(start + batch_size, n)
             logits = self.forward(x[start:stop], train=False)
-            l, c = cross_entropy_sum(logits, self.xp.asarray(y[start:stop]))
-            loss_sum, correct = loss_sum + l, correct + c
+            batch_loss, batch_correct = cross_entropy_sum(logits, self.xp.asarray(y[start:stop]))
+            loss_sum, correct = loss_sum + batch_loss, correct + batch_correct
         return float(loss_sum) / n, float(correct) / n
 
 

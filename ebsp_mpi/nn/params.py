@@ -9,8 +9,8 @@ wait-free backpropagation, Zhang et al., USENIX ATC 2017, section 3.1).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import numpy
 
@@ -154,7 +154,7 @@ class ParamSpace:
         """
         rng = numpy.random.default_rng(seed)
         host = numpy.empty(self.size, dtype=numpy.float64)
-        for spec, v in zip(self.specs, self.tensors):
+        for spec, v in zip(self.specs, self.tensors, strict=True):
             host[v.offset:v.offset + v.size] = _draw(spec, rng).ravel()
         self.data[...] = self.xp.asarray(host.astype(self.dtype))
 

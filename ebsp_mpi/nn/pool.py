@@ -70,7 +70,7 @@ class MaxPool2D(Layer):
         if not need_dx:
             return None
         dx = xp.zeros((dy.shape[0],) + self.in_shape, dtype=dy.dtype)
-        disjoint = all(s >= k for s, k in zip(self.stride, self.size))
+        disjoint = all(s >= k for s, k in zip(self.stride, self.size, strict=True))
         # The first offset holding the maximum takes the gradient (ties: deterministic, once).
         # Boolean passes rather than a masked argmax update, which branches per element.
         taken = xp.zeros(y.shape, dtype=bool)

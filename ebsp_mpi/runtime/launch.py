@@ -54,7 +54,7 @@ def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True) -> int:
             from .worker import Worker
 
             role = Worker(ctx, job, run_dir)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - every rank reports its set-up outcome, whatever it was
         error = (2, f"{e}") if isinstance(e, (UsageError, FileExistsError)) else \
             (1, f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
     try:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import operator
 
-
 from .base import Decision, SyncPolicy
 
 

@@ -98,7 +98,6 @@ def zipline(M, penalty: float = 0.0, now: float | None = None) -> ZipLineResult:
     """
     M = _validated(M)
     penalty, now = _validated_penalty(M, penalty, now)
-    n, R = M.shape
 
     # successor of each entry in its own row (+inf after the last): the entry is its row's latest
     # push not after T exactly while entry <= T < successor.

@@ -70,7 +70,7 @@ def _attr_value(key: str, value: Any) -> tuple[str, Any]:
 class _TableBuffer:
     """Rows of one table waiting to be written: a structured array and a fill count."""
 
-    __slots__ = ("dtype", "names", "rows", "count")
+    __slots__ = ("count", "dtype", "names", "rows")
 
     def __init__(self, dtype: np.dtype):
         self.dtype = dtype
