@@ -1,6 +1,7 @@
 """How a push or a reply is cut into messages, and what the server does with messages no receive was
 posted for; without MPI running."""
 
+import numpy as np
 import pytest
 
 from ebsp_mpi.nn import build_model
@@ -113,3 +114,13 @@ def test_the_server_rejects_any_other_unmatched_message(tag, left, taken):
     server.stats[0] = taken
     with pytest.raises(ProtocolError, match=f"unexpected message from rank 1 with tag {tag}"):
         Server._take_other_messages(server)
+
+
+def test_replies_in_flight_are_told_apart_by_identity():
+    """Two replies to one worker can be in flight at once; telling finished ones from the rest must not
+    compare their buffers (a field-wise == raised "truth value of an array is ambiguous")."""
+    from ebsp_mpi.runtime.server import _PendingReply
+
+    first = _PendingReply(1, [], np.zeros(4, np.float32), np.zeros(2), 0.5)
+    second = _PendingReply(1, [], np.ones(4, np.float32), np.zeros(2), 0.5)
+    assert first in [first] and second not in [first] and first != second

@@ -40,10 +40,14 @@ class StallError(JobFailure):
     """A worker has been silent longer than ``runtime.stall_timeout_s``."""
 
 
-@dataclass
+@dataclass(eq=False)
 class _PendingReply:
     """A pull reply in flight: its requests keep the buffer sent (a snapshot, or the parameters under
-    BSP) and the header alive until they complete."""
+    BSP) and the header alive until they complete.
+
+    Compared by identity (``eq=False``): two replies to one worker can be in flight at once (its
+    previous reply's sends not yet seen complete), and a field-wise ``==`` would compare their arrays
+    and raise instead of answering ``r in finished``."""
 
     worker: int
     requests: list
