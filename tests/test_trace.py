@@ -1,15 +1,18 @@
 """HDF5 trace writer and reader: round trips, growth across flushes, crash safety, damaged files."""
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import h5py
 import numpy as np
 import pytest
 
 from ebsp_mpi.trace import TABLES, TraceError, TraceWriter, read_run, read_trace, trace_path
+from ebsp_mpi.trace.reader import read_summary
 from ebsp_mpi.trace.schema import SERVER_TABLES, WORKER_TABLES
 
 
@@ -241,3 +244,88 @@ def test_read_run_errors_name_the_path(tmp_path):
         read_run(tmp_path)
     with pytest.raises(TraceError, match="not found"):
         read_trace(tmp_path / "trace" / "rank-0009.h5")
+
+
+# -- rank files of another run, and summary.json ----------------------------------------------------
+
+
+def write_ranks(run_dir, run_ids: dict):
+    """One file per rank with the given run id (None: no run_id attribute, as in a foreign HDF5 file)."""
+    for rank, run_id in run_ids.items():
+        attrs = {"rank": rank} if run_id is None else {"rank": rank, "run_id": run_id}
+        with TraceWriter(trace_path(run_dir, rank), attrs) as writer:
+            writer.append("zipline", (float(rank), 2, 3, 0.001))
+
+
+def test_read_run_leaves_out_a_rank_file_of_another_run_naming_both_run_ids(tmp_path):
+    write_ranks(tmp_path, {0: "run-a", 1: "run-a", 2: "run-b", 3: None})
+    with pytest.warns(UserWarning) as caught:
+        traces = read_run(tmp_path)
+    assert sorted(traces) == [0, 1]
+    text = [str(w.message) for w in caught]
+    assert len(text) == 2
+    assert "rank-0002.h5" in text[0] and "'run-b'" in text[0] and "'run-a'" in text[0] and "rank-0000.h5" in text[0]
+    assert "rank-0003.h5" in text[1] and "None" in text[1]
+
+
+def test_read_run_takes_the_run_id_from_the_summary_where_it_has_one(tmp_path):
+    # rank 0 itself is the stranger here: the summary names the run that finished in this directory
+    write_ranks(tmp_path, {0: "run-b", 1: "run-a", 2: "run-a"})
+    (tmp_path / "summary.json").write_text('{"run_id": "run-a", "wall_seconds": 1.0}')
+    with pytest.warns(UserWarning, match=r"rank-0000.h5.*'run-b'.*'run-a'.*summary.json"):
+        traces = read_run(tmp_path)
+    assert sorted(traces) == [1, 2]
+
+
+def test_read_run_without_rank_0_takes_the_run_id_most_files_carry(tmp_path):
+    write_ranks(tmp_path, {1: "run-b", 2: "run-a", 3: "run-a"})
+    with pytest.warns(UserWarning, match=r"rank-0001.h5.*'run-b'.*'run-a'.*2 of the 3"):
+        traces = read_run(tmp_path)
+    assert sorted(traces) == [2, 3]
+
+
+def test_read_run_leaves_out_a_file_that_holds_another_ranks_trace(tmp_path):
+    write_ranks(tmp_path, {0: "run-a", 1: "run-a", 2: "run-a"})
+    trace_path(tmp_path, 2).write_bytes(trace_path(tmp_path, 1).read_bytes())  # rank 1's, renamed
+    with pytest.warns(UserWarning, match=r"rank-0002.h5: it holds rank 1's trace"):
+        traces = read_run(tmp_path)
+    assert sorted(traces) == [0, 1]
+
+
+def test_read_run_of_files_that_agree_gives_no_warning(tmp_path):
+    write_ranks(tmp_path, {0: "run-a", 1: "run-a"})
+    (tmp_path / "summary.json").write_text('{"run_id": "run-a", "wall_seconds": 1.0}')
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert sorted(read_run(tmp_path)) == [0, 1]
+
+
+@pytest.mark.parametrize("text, problem", [
+    (None, "summary.json: missing"),
+    ("{not json", "summary.json: unreadable"),
+    ("[1, 2]", "not a JSON object but list"),
+    ('{"wall_seconds": "fast"}', "'wall_seconds' is \"fast\", expected a number or null"),
+    ('{"wall_seconds": 1.0, "workers": true}', "'workers' is true, expected an integer or null"),
+    ('{"wall_seconds": 1.0, "config": "x"}', "'config' is \"x\", expected an object or null"),
+    ('{"wall_seconds": 1.0, "time_to_accuracy": {"high": 1.0}}', "the target 'high'"),
+    ('{"wall_seconds": 1.0, "time_to_accuracy": {"0.9": "soon"}}', "'time_to_accuracy' of 0.9 is \"soon\""),
+    ('{"wall_seconds": null, "sync": "bsp"}', "wall_seconds is null or missing): the run did not finish"),
+    ('{"sync": "bsp"}', "the run did not finish"),
+])
+def test_read_summary_names_what_is_wrong(tmp_path, text, problem):
+    if text is not None:
+        (tmp_path / "summary.json").write_text(text)
+    summary, found = read_summary(tmp_path)
+    assert found is not None and problem in found and str(tmp_path / "summary.json") in found
+    # an unfinished run's summary still names its job; a malformed one is not trusted at all
+    assert summary == ({"wall_seconds": None, "sync": "bsp"} if "null" in (text or "") else
+                       {"sync": "bsp"} if text == '{"sync": "bsp"}' else {})
+
+
+def test_read_summary_of_a_finished_run(tmp_path):
+    doc = {"wall_seconds": 2.5, "test_accuracy": None, "time_to_accuracy": {"0.9": None, "0.95": 1.5}}
+    (tmp_path / "summary.json").write_text(json.dumps(doc))
+    assert read_summary(tmp_path) == (doc, None)  # a diverged run (null accuracy) did finish
+    (tmp_path / "summary.json").unlink()
+    (tmp_path / "summary.json").mkdir()
+    assert "summary.json: not a file" in read_summary(tmp_path)[1]

@@ -8,20 +8,20 @@ all times are seconds since the run start on rank 0's clock, as the writer store
 columns hold the worker index k (MPI rank k + 1). Worker iteration rows get the phase durations an
 analysis needs (``compute_s``, ``delay_s``, ``push_s``, ``wait_s``, ``iteration_s``).
 
-A damaged run is read as far as it goes: a missing or truncated rank file, a missing rank or a missing
-``summary.json`` becomes one line in :attr:`RunFrames.problems` (also issued as a warning), and the
-tables hold whatever the readable files had.
+A damaged run is read as far as it goes: a missing or truncated rank file, a rank file of another run,
+a missing rank, or a missing, unreadable or unfinished ``summary.json`` becomes one line in
+:attr:`RunFrames.problems` (also issued as a warning), and the tables hold whatever the readable files
+had.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .reader import TraceError, read_run
+from .reader import TraceError, read_run, read_summary
 from .schema import TABLES, WORKER_TABLES
 
 
@@ -42,7 +42,8 @@ class RunFrames:
     path : pathlib.Path
         The run directory.
     summary : dict
-        ``summary.json`` (``{}`` when it is missing or unreadable).
+        ``summary.json`` of a finished run (``{}`` when it is missing, unreadable or from a run that did
+        not finish: see :func:`~ebsp_mpi.trace.reader.read_summary`).
     config : dict
         The resolved job config (from the summary, else from any rank's trace attributes).
     attrs : dict of int to dict
@@ -98,7 +99,7 @@ class RunFrames:
     @property
     def wall_seconds(self) -> float:
         """Run length in seconds: the summary's, else the last time any table recorded."""
-        if "wall_seconds" in self.summary:
+        if self.summary.get("wall_seconds") is not None:
             return float(self.summary["wall_seconds"])
         ends = [self.tables["iterations"]["t_end"].max(), self.tables["pushes"]["t"].max(),
                 self.tables["evals"]["t"].max()]
@@ -138,16 +139,13 @@ def _with_phases(it):
     return it.sort_values(["worker", "iteration"], kind="stable").reset_index(drop=True)
 
 
-def _read_summary(run_dir: Path, problems: list) -> dict:
-    path = run_dir / "summary.json"
-    if not path.is_file():
-        problems.append(f"{path}: missing (the run did not finish?); figures come from the traces alone")
-        return {}
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        problems.append(f"{path}: unreadable ({err}); figures come from the traces alone")
-        return {}
+def _read_summary(run_dir: Path, problems: list) -> tuple[dict, dict]:
+    """The summary of a finished run (else ``{}``, with the reason in ``problems``) and the job config
+    it records (``{}`` if none): a crashed run's summary still names its job."""
+    doc, problem = read_summary(run_dir)
+    if problem is not None:
+        problems.append(f"{problem}; figures come from the traces alone")
+    return (doc if problem is None else {}), doc.get("config") or {}
 
 
 def _read_traces(run_dir: Path, problems: list) -> dict:
@@ -190,10 +188,11 @@ def load_run(run_dir: str | os.PathLike) -> RunFrames:
     if not run_dir.is_dir():
         raise TraceError(f"run directory not found: {run_dir}")
     problems: list[str] = []
-    summary = _read_summary(run_dir, problems)
+    summary, summary_config = _read_summary(run_dir, problems)
     traces = _read_traces(run_dir, problems)
     if not traces and not summary:
-        raise TraceError(f"{run_dir}: neither a readable trace nor summary.json; is it a run directory?")
+        raise TraceError(f"{run_dir}: neither a readable trace nor a finished run's summary.json ("
+                         + "; ".join(problems) + ")")
 
     parts: dict[str, list] = {name: [] for name in TABLES}
     for rank, trace in sorted(traces.items()):
@@ -205,7 +204,7 @@ def load_run(run_dir: str | os.PathLike) -> RunFrames:
     for name in WORKER_TABLES:
         tables[name] = _with_phases(tables[name])
 
-    config = summary.get("config") or next((t.config for t in traces.values() if t.config), {})
+    config = summary_config or next((t.config for t in traces.values() if t.config), {})
     for text in problems:
         warnings.warn(text, stacklevel=2)
     return RunFrames(path=run_dir, summary=summary, config=config,

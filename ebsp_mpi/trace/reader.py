@@ -1,8 +1,12 @@
-"""Read trace files back as numpy structured arrays (one file, or every rank of a run).
+"""Read a run's outputs back: trace files as numpy structured arrays (one file, or every rank of a
+run), and ``summary.json`` checked for the fields the analysis reads.
 
 Root attributes come back as Python values; an attribute stored as JSON (``<key>_json``, e.g. the
 job config) comes back decoded under ``<key>``. Tables come back whole, as numpy structured arrays
 with the dtypes of :mod:`ebsp_mpi.trace.schema`.
+
+A run directory is read as far as it goes: a rank file that cannot be read, or that belongs to
+another run (its ``run_id`` differs), is left out with a warning naming it.
 """
 
 from __future__ import annotations
@@ -46,8 +50,13 @@ class TraceFile:
 
     @property
     def config(self) -> dict[str, Any]:
-        """The resolved job config the run used (``{}`` if the file has none)."""
-        return self.attrs.get("config") or {}
+        """The resolved job config the run used (``{}`` if the file has none, or not as a JSON object)."""
+        config = self.attrs.get("config")
+        return config if isinstance(config, dict) else {}
+
+    @property
+    def run_id(self) -> str | None:
+        return self.attrs.get("run_id")
 
     @property
     def rank(self) -> int | None:
@@ -176,4 +185,108 @@ def read_run(run_dir: str | os.PathLike, *, live: bool = False) -> dict[int, Tra
             warnings.warn(f"skipping rank {rank}: {err}", stacklevel=2)
     if not traces:
         raise TraceError(f"no readable trace file in {trace_dir}: " + "; ".join(errors))
-    return traces
+    return _own_files(run_dir, traces)
+
+
+def _expected_run_id(run_dir: Path, traces: dict[int, TraceFile]) -> tuple[str | None, str]:
+    """The run id every rank file of ``run_dir`` must carry, and where it was read.
+
+    ``summary.json``'s ``run_id`` where the summary has one (the server writes it last, so it names
+    the run that finished here), else rank 0's file's, else the one most files carry (rank 0 missing
+    or unreadable).
+    """
+    summary, _ = read_summary(run_dir)
+    if isinstance(summary.get("run_id"), str):
+        return summary["run_id"], str(run_dir / "summary.json")
+    if 0 in traces:
+        return traces[0].run_id, str(traces[0].path)
+    ids = [t.run_id for _, t in sorted(traces.items())]
+    most = max(dict.fromkeys(ids), key=ids.count)  # ties: the lowest rank's
+    return most, f"{ids.count(most)} of the {len(ids)} readable rank files"
+
+
+def _own_files(run_dir: Path, traces: dict[int, TraceFile]) -> dict[int, TraceFile]:
+    """The rank files that belong to this run: a file copied from another run (another ``run_id``) or
+    from another rank (its ``rank`` attribute differs from its name) would be merged into this run's
+    tables as if it were this rank's, so it is left out with a warning naming it."""
+    run_id, source = _expected_run_id(run_dir, traces)
+    own: dict[int, TraceFile] = {}
+    for rank, trace in sorted(traces.items()):
+        if run_id is not None and trace.run_id != run_id:
+            warnings.warn(f"leaving out {trace.path}: its run id is {trace.run_id!r}, this run's is {run_id!r} "
+                          f"(from {source}); a rank file of another run?", stacklevel=3)
+        elif trace.rank is not None and trace.rank != rank:
+            warnings.warn(f"leaving out {trace.path}: it holds rank {trace.rank}'s trace, not rank {rank}'s",
+                          stacklevel=3)
+        else:
+            own[rank] = trace
+    if not own:
+        raise TraceError(f"no trace file of run {run_id!r} (from {source}) in {run_dir / 'trace'}")
+    return own
+
+
+# -- summary.json ----------------------------------------------------------------------------------
+
+_STRING, _NUMBER, _INTEGER, _OBJECT = ((str,), "a string"), ((int, float), "a number"), ((int,), "an integer"), \
+    ((dict,), "an object")
+
+#: Fields of ``summary.json`` the analysis reads: the JSON type each may have besides null.
+_SUMMARY_TYPES = {
+    "run_id": _STRING, "sync": _STRING, "workers": _INTEGER, "wall_seconds": _NUMBER, "test_accuracy": _NUMBER,
+    "test_loss": _NUMBER, "samples_per_second": _NUMBER, "barriers": _INTEGER, "rejected_pushes": _INTEGER,
+    "time_to_accuracy": _OBJECT, "config": _OBJECT,
+}
+
+
+def _summary_type_problem(doc: dict) -> str | None:
+    """What in ``doc`` has a type the analysis cannot use, or None."""
+    for key, (types, name) in _SUMMARY_TYPES.items():
+        value = doc.get(key)
+        # JSON true/false are Python bools, which are ints: not a count nor a number of seconds
+        if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
+            return f"{key!r} is {json.dumps(value)[:40]}, expected {name} or null"
+    for target, seconds in (doc.get("time_to_accuracy") or {}).items():
+        try:
+            float(target)
+        except ValueError:
+            return f"'time_to_accuracy' has the target {target!r}, expected a number such as \"0.95\""
+        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))):
+            return f"'time_to_accuracy' of {target} is {json.dumps(seconds)[:40]}, expected seconds or null"
+    return None
+
+
+def read_summary(run_dir: str | os.PathLike) -> tuple[dict[str, Any], str | None]:
+    """A run's ``summary.json``, and why it does not show a finished run.
+
+    The server writes the summary when the run ends, so a summary whose ``wall_seconds`` is null or
+    missing is the mark of a run that did not finish (a crash, or a summary written by hand).
+
+    Parameters
+    ----------
+    run_dir : str or os.PathLike
+        The run's output directory.
+
+    Returns
+    -------
+    summary : dict
+        The decoded object; ``{}`` when the file is missing, is not JSON, is not a JSON object, or a
+        field the analysis reads has the wrong type (then nothing in it can be trusted).
+    problem : str or None
+        None for a finished run's summary; else one sentence naming the path and what is wrong.
+    """
+    path = Path(run_dir) / "summary.json"
+    if not path.is_file():
+        what = "not a file" if path.exists() else "missing"
+        return {}, f"{path}: {what} (the run did not finish?)"
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        return {}, f"{path}: unreadable ({err})"
+    if not isinstance(doc, dict):
+        return {}, f"{path}: not a JSON object but {type(doc).__name__} (not a summary.json?)"
+    wrong = _summary_type_problem(doc)
+    if wrong:
+        return {}, f"{path}: {wrong}"
+    if doc.get("wall_seconds") is None:
+        return doc, f"{path}: no wall time (wall_seconds is null or missing): the run did not finish"
+    return doc, None
