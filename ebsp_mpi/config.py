@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import sys
 import typing
 from dataclasses import dataclass, field
@@ -198,6 +199,14 @@ def apply_file(job: JobConfig, path: Path, seen: tuple = ()) -> None:
 
 
 def read_toml(path: str | Path) -> dict:
+    """Parse a TOML file (a job, a sweep, a base job).
+
+    Raises
+    ------
+    ConfigError
+        One line naming the path when the file is missing, unreadable, not UTF-8 text (TOML is UTF-8
+        by definition; tomllib would raise a bare UnicodeDecodeError) or not valid TOML.
+    """
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"job file {p}: not found")
@@ -206,6 +215,11 @@ def read_toml(path: str | Path) -> dict:
             return tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"job file {p}: not valid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"job file {p}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}): "
+                          "TOML files are UTF-8; save it as UTF-8 text") from None
+    except OSError as e:
+        raise ConfigError(f"job file {p}: cannot be read ({e.strerror or e})") from None
 
 
 def apply_mapping(obj, mapping: dict, source: str, prefix: str = "") -> None:
@@ -293,7 +307,13 @@ def _coerce(f: dataclasses.Field, hint, value, key: str, source: str):
     return value
 
 
-def _coerce_scalar(kind, value, key: str, source: str):
+def _coerce_scalar(kind, value, key: str, source: str, open_ended: bool = False):
+    """``value`` checked against the type ``kind`` (an int is accepted as a float).
+
+    A float must be finite: TOML spells ``nan`` and ``inf``, and a NaN passes every range check
+    (``nan < 0`` is false) and later disables a limit or poisons a rank. Only with ``open_ended``
+    (a slow phase's end) is ``+inf`` allowed.
+    """
     ok = {
         bool: isinstance(value, bool),
         int: isinstance(value, int) and not isinstance(value, bool),
@@ -303,7 +323,16 @@ def _coerce_scalar(kind, value, key: str, source: str):
     }[kind]
     if not ok:
         raise ConfigError(f"{source}: {key} = {value!r}: must be {_TYPE_WORDS[kind]}")
-    return float(value) if kind is float else value
+    if kind is not float:
+        return value
+    try:
+        value = float(value)
+    except OverflowError:  # a TOML integer beyond the range of a float
+        raise ConfigError(f"{source}: {key} = {value!r}: must be a finite number") from None
+    if not math.isfinite(value) and not (open_ended and value == math.inf):
+        allowed = "a finite number or inf (no end)" if open_ended else "a finite number"
+        raise ConfigError(f"{source}: {key} = {value!r}: must be {allowed}")
+    return value
 
 
 def _check_range(f: dataclasses.Field, value, key: str, source: str) -> None:
@@ -354,7 +383,9 @@ def _check_phase(phase: dict, key: str) -> dict:
     :class:`~ebsp_mpi.straggler.SlowPhase` (worker >= 0, t1 < t2, a finite factor > 0)."""
     if set(phase) != set(PHASE_KEYS):
         raise ConfigError(f"{key} = {phase!r}: needs exactly the keys {', '.join(PHASE_KEYS)}")
-    phase = {name: _coerce_scalar(kind, phase[name], f"{key}.{name}", "job") for name, kind in PHASE_KEYS.items()}
+    # t2 = inf is an open-ended phase (the worker stays slow to the end); every other number is finite
+    phase = {name: _coerce_scalar(kind, phase[name], f"{key}.{name}", "job", open_ended=name == "t2")
+             for name, kind in PHASE_KEYS.items()}
     try:
         SlowPhase(**phase)
     except ValueError as e:

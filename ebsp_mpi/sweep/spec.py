@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -145,8 +146,9 @@ def load_sweep(path: str | os.PathLike, seeds: list[int] | None = None) -> Sweep
     if ranks is not None and (not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 2):
         raise SweepError(f"{where}: ranks = {ranks!r}: must be an integer >= 2 (the server and a worker)")
     timeout = doc.get("timeout_s", DEFAULT_TIMEOUT_S)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise SweepError(f"{where}: timeout_s = {timeout!r}: must be a number of seconds > 0")
+    # inf would be no timeout at all, and a member that hangs would hold the sweep forever
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+        raise SweepError(f"{where}: timeout_s = {timeout!r}: must be a finite number of seconds > 0")
     description = doc.get("description", "")
     if not isinstance(description, str):
         raise SweepError(f"{where}: description = {description!r}: must be a string")
