@@ -34,6 +34,9 @@ class Dataset:
     mean, std : numpy.ndarray or None
         The float32 per-channel (images) or per-feature (vectors) statistics the
         arrays were standardised with; ``None`` when not normalised.
+    classes_from : str
+        Where ``num_classes`` comes from, for messages about the output layer,
+        e.g. ``"the largest label in data.path = x.h5 is 9"``; may be empty.
     """
 
     name: str
@@ -45,6 +48,7 @@ class Dataset:
     input_shape: tuple
     mean: numpy.ndarray | None = None
     std: numpy.ndarray | None = None
+    classes_from: str = ""
 
     def __post_init__(self):
         self.input_shape = tuple(int(d) for d in self.input_shape)

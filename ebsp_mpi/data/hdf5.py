@@ -11,11 +11,13 @@ name when present, else the largest label + 1.
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy
 
 from .errors import DatasetError
+from .memory import exceeds_memory, format_bytes, memory_phrase
 
 EXPECTED = "datasets 'x' (N, ...) and 'y' (N,) of integer labels, optionally 'x_test' and 'y_test'"
 
@@ -28,8 +30,22 @@ def read_inputs(f, key: str, path: str) -> numpy.ndarray:
     if dataset.ndim < 2 or dataset.shape[0] == 0:
         raise DatasetError(f"{path}: dataset {key!r} has shape {dataset.shape}; expected (N, ...) with N >= 1 "
                            f"and at least one feature axis")
-    x = numpy.ascontiguousarray(dataset[...], dtype=numpy.float32)
+    _require_fits(dataset, key, path)
+    # a float64 beyond float32's range becomes inf here; the loader's finite check names the sample
+    with numpy.errstate(over="ignore"):
+        x = numpy.ascontiguousarray(dataset[...], dtype=numpy.float32)
     return x[:, None] if x.ndim == 3 else x
+
+
+def _require_fits(dataset, key: str, path: str) -> None:
+    """Refuse inputs whose float32 copy (plus the array read in the file's dtype) exceeds the memory."""
+    elements = math.prod(dataset.shape)
+    read = elements * dataset.dtype.itemsize if dataset.dtype != numpy.float32 else 0
+    need = read + elements * 4
+    if exceeds_memory(need):
+        raise DatasetError(f"{path}: dataset {key!r} of shape {dataset.shape} and dtype {dataset.dtype} needs "
+                           f"{format_bytes(need)} to load as float32, more than {memory_phrase()}; "
+                           f"use a subset of the samples or fewer features")
 
 
 def read_labels(f, key: str, path: str, count: int, inputs_key: str) -> numpy.ndarray:
@@ -43,7 +59,12 @@ def read_labels(f, key: str, path: str, count: int, inputs_key: str) -> numpy.nd
     if dataset.shape[0] != count:
         raise DatasetError(f"{path}: dataset {key!r} holds {dataset.shape[0]} labels but {inputs_key!r} holds "
                            f"{count} samples; expected the same count")
-    y = dataset[...].astype(numpy.int64)
+    y = dataset[...]
+    # uint64 labels beyond int64 would wrap to negative ones in the cast and be reported wrongly
+    if y.dtype.kind == "u" and int(y.max()) > numpy.iinfo(numpy.int64).max:
+        raise DatasetError(f"{path}: dataset {key!r} holds the label {int(y.max())}; "
+                           f"expected labels 0, 1, ..., num_classes - 1")
+    y = y.astype(numpy.int64)
     if y.min() < 0:
         raise DatasetError(f"{path}: dataset {key!r} holds the negative label {int(y.min())}; "
                            f"expected labels 0, 1, ..., num_classes - 1")

@@ -8,6 +8,7 @@ from .cifar import load_cifar10
 from .dataset import Dataset, split_train_test
 from .digits import load_digits
 from .errors import DatasetError
+from .finite import require_finite
 from .hdf5 import load_hdf5
 from .idx import load_idx_dataset
 from .normalize import standardize
@@ -62,9 +63,11 @@ def load_dataset(name: str, *, root: str = "", path: str = "", test_fraction: fl
     if isinstance(max_train, bool) or not isinstance(max_train, (int, numpy.integer)) or max_train < 0:
         raise DatasetError(f"data.max_train = {max_train!r}; expected an integer >= 0 (0 keeps every sample)")
 
+    source = data_source(name, path)
     x_train, y_train, x_test, y_test, num_classes, input_shape = read_splits(
         name, root=root, path=path, test_fraction=test_fraction, seed=seed,
         synthetic=(synthetic_samples, synthetic_features, synthetic_classes, synthetic_hidden))
+    classes_from = classes_origin(name, source, int(num_classes), y_train, y_test)
     if max_train:
         # A copy, so the full training array can be freed and the in-place
         # standardisation below touches only what is kept.
@@ -74,32 +77,59 @@ def load_dataset(name: str, *, root: str = "", path: str = "", test_fraction: fl
     x_test = numpy.ascontiguousarray(x_test, dtype=numpy.float32)
     mean = std = None
     if normalize:
-        mean, std = standardize(x_train, x_test)
+        mean, std = standardize(x_train, x_test, source)
     return Dataset(name=name, x_train=x_train, y_train=numpy.ascontiguousarray(y_train, dtype=numpy.int64),
                    x_test=x_test, y_test=numpy.ascontiguousarray(y_test, dtype=numpy.int64),
-                   num_classes=int(num_classes), input_shape=tuple(input_shape), mean=mean, std=std)
+                   num_classes=int(num_classes), input_shape=tuple(input_shape), mean=mean, std=std,
+                   classes_from=classes_from)
+
+
+def data_source(name: str, path: str) -> str:
+    """How error messages name the data: the job key a person would change."""
+    return f"data.path = {path}" if name == "hdf5" else f"data.name = {name!r}"
+
+
+def classes_origin(name: str, source: str, num_classes: int, y_train, y_test) -> str:
+    """Where ``num_classes`` comes from (``Dataset.classes_from``), read before ``max_train`` cuts."""
+    if name == "synthetic":
+        return f"data.synthetic_classes = {num_classes}"
+    if name != "hdf5":
+        return f"dataset {name!r} has {num_classes} classes"
+    largest = max(int(y_train.max()), int(y_test.max()))
+    if num_classes == largest + 1:
+        return f"the largest label in {source} is {largest}"
+    return f"the root attribute num_classes = {num_classes} of {source}"
 
 
 def read_splits(name: str, *, root: str, path: str, test_fraction: float, seed: int, synthetic: tuple):
     """Raw float32 train and test splits of dataset ``name`` (official split, or seeded random split).
 
+    Every reader's inputs pass one finite check here, before the split, so that a NaN or an Inf is
+    named by its index in the file (:func:`~ebsp_mpi.data.finite.require_finite`).
+
     Returns
     -------
     x_train, y_train, x_test, y_test, num_classes, input_shape
     """
-    if name in ("mnist", "fashion-mnist"):
-        return load_idx_dataset(name, root)
-    if name == "cifar10":
-        return load_cifar10(root)
+    where = data_source(name, path)
+    if name in ("mnist", "fashion-mnist", "cifar10"):
+        splits = load_cifar10(root) if name == "cifar10" else load_idx_dataset(name, root)
+        require_finite(splits[0], where, "x_train")
+        require_finite(splits[2], where, "x_test")
+        return splits
     if name == "hdf5":
         x, y, x_test, y_test, num_classes, input_shape = load_hdf5(path)
+        require_finite(x, where, "x")
         if x_test is not None:
+            require_finite(x_test, where, "x_test")
             return x, y, x_test, y_test, num_classes, input_shape
         source = path
     elif name == "digits":
         x, y, num_classes, input_shape = load_digits()
+        require_finite(x, where, "x")
         source = name
     else:
         x, y, num_classes, input_shape = load_synthetic(*synthetic, seed)
+        require_finite(x, where, "x")
         source = name
     return (*split_train_test(x, y, test_fraction, seed, source=source), num_classes, input_shape)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy
 
 from .errors import DatasetError
+from .memory import exceeds_memory, format_bytes, memory_phrase
 
 # Mixed into the seed so that inputs and teacher come from separate streams
 # (and neither shares one with the train/test split or the batch order).
@@ -70,6 +71,22 @@ def load_synthetic(samples: int, features: int, classes: int, hidden: int, seed:
                               ("synthetic_classes", classes, 2), ("synthetic_hidden", hidden, 1)):
         if isinstance(value, bool) or not isinstance(value, (int, numpy.integer)) or value < least:
             raise DatasetError(f"data.{key} = {value!r}; expected an integer >= {least}")
+    _require_fits(samples, features, classes, hidden)
     rng = numpy.random.default_rng([seed, INPUT_STREAM])
     x = rng.standard_normal((samples, features), dtype=numpy.float32)
     return x, teacher_labels(x, classes, hidden, seed), int(classes), (int(features),)
+
+
+def _require_fits(samples: int, features: int, classes: int, hidden: int) -> None:
+    """Refuse a task whose arrays exceed the physical memory, before drawing them.
+
+    Counted: the float32 inputs twice (drawn, then copied by the train/test split), the int64 labels
+    twice, and the teacher's float64 weights and one chunk of its hidden activations and logits.
+    """
+    data = samples * (features * 4 + 8) * 2
+    teacher = 8 * (features * hidden + hidden * classes + CHUNK * (hidden + classes))
+    if exceeds_memory(data + teacher):
+        raise DatasetError(f"data.synthetic_samples = {samples}, synthetic_features = {features}, "
+                           f"synthetic_classes = {classes}, synthetic_hidden = {hidden} need "
+                           f"{format_bytes(data + teacher)} (inputs {format_bytes(data)}, teacher network "
+                           f"{format_bytes(teacher)}), more than {memory_phrase()}; make them smaller")
