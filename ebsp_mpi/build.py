@@ -10,7 +10,10 @@ import numpy as np
 
 from .config import JobConfig
 from .data import BatchStream, Dataset, load_dataset
+from .data.memory import exceeds_memory, format_bytes, memory_phrase
+from .errors import UsageError
 from .nn import SGD, Model, build_model, make_schedule
+from .nn.model import model_specs
 
 
 def dataset(job: JobConfig) -> Dataset:
@@ -21,10 +24,80 @@ def dataset(job: JobConfig) -> Dataset:
                         synthetic_hidden=d.synthetic_hidden)
 
 
+class ModelError(UsageError, ValueError):
+    """A model the job asks for that cannot be built here: wrong for the data, or larger than memory."""
+
+
+#: Bytes per parameter besides its ``dtype`` buffers: the float64 initial values drawn on the host.
+INIT_DRAW_BYTES = 8
+#: Buffers of ``dtype`` per parameter: the values, the gradients, the optimizer's velocity.
+BUFFERS = 3
+
+
 def model(job: JobConfig, ds: Dataset, xp=np, dtype=np.float32) -> Model:
+    """The job's model for dataset ``ds``, initialised from ``job.seed``.
+
+    Raises
+    ------
+    ModelError
+        Before allocating anything, when the model does not suit the data (a CNN on vectors, fewer
+        than 2 classes) or its parameters would not fit in this machine's memory.
+    """
     m = job.model
+    _check_suits_data(job, ds)
+    specs = model_specs(m.kind, ds.input_shape, ds.num_classes, hidden=tuple(m.hidden), channels=tuple(m.channels))
+    check_model_fits(job, ds, specs, np.dtype(dtype))
     return build_model(m.kind, ds.input_shape, ds.num_classes, hidden=tuple(m.hidden),
                        channels=tuple(m.channels), xp=xp, dtype=dtype, seed=job.seed)
+
+
+def _check_suits_data(job: JobConfig, ds: Dataset) -> None:
+    if ds.num_classes < 2:
+        raise ModelError(f"the output layer would have {ds.num_classes} class ({ds.classes_from}); "
+                         f"a classifier needs labels of at least 2 classes")
+    if job.model.kind == "cnn" and len(ds.input_shape) != 3:
+        raise ModelError(f"model.kind = 'cnn' needs images (C, H, W), but data.name = {job.data.name!r} holds "
+                         f"vectors of shape {ds.input_shape}; use model.kind = 'mlp'")
+
+
+def model_bytes(specs, dtype: np.dtype) -> int:
+    """Bytes a rank holds for a model's parameters at most while it builds and trains.
+
+    Counted per parameter: its value, gradient and optimizer velocity in ``dtype``, and the float64
+    initial value drawn on the host (:meth:`ParamSpace.init`). Not counted: activations (they scale
+    with the batch), the server's second copy for evaluation and its one gradient buffer per worker.
+    """
+    return sum(s.size for s in specs) * (BUFFERS * dtype.itemsize + INIT_DRAW_BYTES)
+
+
+def check_model_fits(job: JobConfig, ds: Dataset, specs, dtype: np.dtype) -> None:
+    """Refuse a model whose parameters exceed this machine's physical memory (:func:`model_bytes`).
+
+    The message names the size, the largest tensor and the job key or dataset property it comes from.
+    """
+    need = model_bytes(specs, dtype)
+    if not exceeds_memory(need):
+        return
+    count = sum(s.size for s in specs)
+    largest = max(specs, key=lambda s: s.size)
+    shape = " x ".join(map(str, largest.shape))
+    raise ModelError(f"the model needs {format_bytes(need)} per rank, more than {memory_phrase()}: {count} "
+                     f"parameters at {BUFFERS * dtype.itemsize + INIT_DRAW_BYTES} bytes each (value, gradient "
+                     f"and optimizer velocity in {dtype}, and the float64 initial value); the largest tensor, "
+                     f"{largest.name} ({shape}), {_origin(job, ds, specs, largest)}")
+
+
+def _origin(job: JobConfig, ds: Dataset, specs, largest) -> str:
+    """Where the largest tensor's size comes from, and what to change."""
+    m = job.model
+    if largest is specs[-2]:  # the output layer's weights: (inputs, num_classes)
+        return (f"is the output layer's, with {ds.num_classes} classes because {ds.classes_from}; labels "
+                f"must be 0, 1, ..., K-1 for K classes: renumber them without gaps")
+    if m.kind == "cnn":
+        return (f"comes from model.hidden = {m.hidden} and model.channels = {m.channels} on inputs of shape "
+                f"{ds.input_shape}; use smaller model.hidden or model.channels")
+    return (f"comes from model.hidden = {m.hidden} on inputs of shape {ds.input_shape}; use narrower layers, "
+            f"e.g. --set model.hidden=[128]")
 
 
 def optimizer(job: JobConfig, size: int, xp=np, dtype=np.float32, fused: bool | None = None) -> SGD:

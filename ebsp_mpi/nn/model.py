@@ -9,7 +9,7 @@ import numpy
 from .base import Layer
 from .layers import Conv2D, Dense, Flatten, MaxPool2D, ReLU
 from .losses import cross_entropy_sum, softmax_cross_entropy
-from .params import ParamSpace
+from .params import ParamSpace, TensorSpec
 
 KINDS = ("mlp", "cnn")
 
@@ -44,12 +44,7 @@ class Model:
         self.num_classes = int(num_classes)
         self.kind = kind
         self.xp = xp
-        specs, shape, counts = [], self.in_shape, {}
-        for layer in self.layers:
-            base = type(layer).__name__.lower().replace("2d", "")
-            counts[base] = counts.get(base, 0) + 1
-            layer_specs, shape = layer.build(shape, f"{base}{counts[base]}")
-            specs += layer_specs
+        specs, shape = stack_specs(self.layers, self.in_shape)
         if shape != (self.num_classes,):
             raise ValueError(f"model output shape is {shape}, expected ({self.num_classes},) logits")
         self.space = ParamSpace(specs, xp=xp, dtype=dtype)
@@ -136,6 +131,27 @@ class Model:
         return float(loss_sum) / n, float(correct) / n
 
 
+def stack_specs(layers: Sequence[Layer], in_shape: tuple[int, ...]) -> tuple[list[TensorSpec], tuple[int, ...]]:
+    """Build each layer on the previous one's output shape, allocating nothing.
+
+    Tensors are named ``"<layer><k>.<param>"``, ``k`` counting the layers of one type in forward order.
+
+    Returns
+    -------
+    specs : list of TensorSpec
+        The tensors the layers ask for, in forward order.
+    out_shape : tuple of int
+        The last layer's per-sample output shape.
+    """
+    specs, shape, counts = [], tuple(in_shape), {}
+    for layer in layers:
+        base = type(layer).__name__.lower().replace("2d", "")
+        counts[base] = counts.get(base, 0) + 1
+        layer_specs, shape = layer.build(shape, f"{base}{counts[base]}")
+        specs += layer_specs
+    return specs, shape
+
+
 def _positive_ints(values, what: str) -> tuple[int, ...]:
     values = tuple(int(v) for v in values)
     if any(v < 1 for v in values):
@@ -168,6 +184,26 @@ def build_model(kind: str, in_shape: tuple[int, ...], num_classes: int, *, hidde
         Seed of the initial parameters.
     """
     in_shape = tuple(int(d) for d in in_shape)
+    model = Model(_layers(kind, in_shape, num_classes, hidden, channels), in_shape, num_classes, kind=kind,
+                  xp=xp, dtype=dtype)
+    model.space.init(seed)
+    return model
+
+
+def model_specs(kind: str, in_shape: tuple[int, ...], num_classes: int, *, hidden=(128,),
+                channels=(8, 16)) -> list[TensorSpec]:
+    """The tensors :func:`build_model` would allocate for these arguments, without allocating them.
+
+    Their sizes give the number of parameters (``sum(s.size for s in specs)``) before a model too
+    large for the machine is built.
+    """
+    in_shape = tuple(int(d) for d in in_shape)
+    specs, _ = stack_specs(_layers(kind, in_shape, num_classes, hidden, channels), in_shape)
+    return specs
+
+
+def _layers(kind: str, in_shape: tuple[int, ...], num_classes: int, hidden, channels) -> list[Layer]:
+    """The layer stack of model ``kind`` (see :func:`build_model`), its arguments checked."""
     hidden = _positive_ints(hidden, "hidden sizes")
     channels = _positive_ints(channels, "channels")
     if int(num_classes) < 2:
@@ -191,6 +227,4 @@ def build_model(kind: str, in_shape: tuple[int, ...], num_classes: int, *, hidde
     else:
         raise ValueError(f"build_model: unknown kind {kind!r}; allowed kinds: {', '.join(KINDS)}")
     layers.append(Dense(num_classes, init="glorot_uniform"))
-    model = Model(layers, in_shape, num_classes, kind=kind, xp=xp, dtype=dtype)
-    model.space.init(seed)
-    return model
+    return layers
