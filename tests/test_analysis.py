@@ -6,6 +6,7 @@ so that every statistic can be checked exactly; a real MPI run is analysed in te
 
 import json
 import math
+import shutil
 import struct
 import warnings
 
@@ -297,6 +298,81 @@ def test_no_bsp_run_means_no_ratios(tmp_path):
     make_run(tmp_path / "a", "asp")
     cmp = compare.compare(load_infos([tmp_path / "a"]))
     assert cmp.reference is None and "No BSP run" in compare.to_markdown(cmp)
+
+
+def break_run(run, how: str) -> None:
+    """Damage a run directory the way a crash, a kill or a careless hand leaves it."""
+    summary = run / "summary.json"
+    if how == "no directory":
+        shutil.rmtree(run)
+    elif how == "no summary":
+        summary.unlink()
+    elif how == "null summary":  # a crash after the summary's first fields: no wall time, a partial time
+        doc = json.loads(summary.read_text())
+        doc.update(wall_seconds=None, test_accuracy=None, test_loss=None, time_to_accuracy={"0.9": 0.05})
+        summary.write_text(json.dumps(doc))
+    elif how == "summary not JSON":
+        summary.write_text('{"sync": "bsp", "wall_')
+    elif how == "summary a list":
+        summary.write_text("[1, 2]")
+    elif how == "summary with a bad field":
+        summary.write_text(json.dumps({**json.loads(summary.read_text()), "time_to_accuracy": [0.9]}))
+    elif how == "no traces":
+        shutil.rmtree(run / "trace")
+    elif how == "empty trace directory":
+        shutil.rmtree(run / "trace")
+        (run / "trace").mkdir()
+    elif how == "truncated rank 0":
+        path = trace_path(run, 0)
+        path.write_bytes(path.read_bytes()[:600])
+    else:
+        raise ValueError(how)
+
+
+#: the ways a member can fail to finish (summary missing, null, unreadable) and still be in the sweep
+UNFINISHED = ("no directory", "no summary", "null summary", "summary not JSON", "summary a list",
+              "summary with a bad field")
+
+
+@pytest.mark.parametrize("how", UNFINISHED)
+def test_a_reference_run_that_did_not_finish_gives_its_seed_no_ratio(tmp_path, how):
+    bsp = {0: 20.0, 1: 30.0}
+    out = _sweep(tmp_path, {"bsp": bsp, "asp": 40.0}, seeds=(0, 1))
+    break_run(out / "bsp-seed0", how)
+    cmp = compare.compare(load_infos([out]))
+    by_run = {r.info.path.name: r for r in cmp.runs}
+    # neither a ratio against the crashed run (0.05 s in the null summary) nor the other seed's time
+    assert by_run["asp-seed0"].ratios == {0.9: None, 0.95: None}
+    assert not by_run["bsp-seed0"].info.finished and by_run["bsp-seed0"].info.problem
+    assert cmp.reference == "bsp" and cmp.failed_reference_seeds == [0]
+    assert by_run["asp-seed1"].ratios[0.9] == pytest.approx(_time_to(40.0, 0.9) / _time_to(bsp[1], 0.9))
+    groups = {g.label: g for g in cmp.groups}
+    assert groups["bsp"].failed == 1 and groups["bsp"].times[0.9] == pytest.approx(_time_to(bsp[1], 0.9))
+    assert groups["asp"].seed_ratios[0.9][0] is None
+    text = compare.to_markdown(cmp)
+    assert "Seed 0: the bsp run did not finish, so the runs of seed 0 have no ratio" in text
+    assert "| bsp-seed0 | bsp | 0 | failed: " in text
+
+
+def test_the_default_reference_is_a_bsp_label_with_a_finished_run(tmp_path):
+    out = _sweep(tmp_path, {"bsp-a": 20.0, "bsp-b": 30.0, "asp": 40.0}, seeds=(0,))
+    break_run(out / "bsp-a-seed0", "no summary")  # still a BSP run, by the job in its traces
+    infos = load_infos([out])
+    assert [i.model for i in infos if i.label == "bsp-a"] == ["bsp"]
+    cmp = compare.compare(infos)
+    assert cmp.reference == "bsp-b"
+    asp = next(r for r in cmp.runs if r.info.label == "asp")
+    assert asp.ratios[0.9] == pytest.approx(_time_to(40.0, 0.9) / _time_to(30.0, 0.9))
+
+
+def test_no_finished_bsp_run_means_no_ratios_and_says_why(tmp_path):
+    out = _sweep(tmp_path, {"bsp": 20.0, "asp": 40.0}, seeds=(0,))
+    break_run(out / "bsp-seed0", "null summary")
+    cmp = compare.compare(load_infos([out]))
+    assert cmp.reference is None and all(r.ratios[0.9] is None for r in cmp.runs)
+    assert "No ratios: no run of bsp (BSP) finished" in compare.to_markdown(cmp)
+    with pytest.raises(ValueError, match="reference label 'bsp': none of its runs finished"):
+        compare.compare(load_infos([out]), reference="bsp")
 
 
 # -- report --------------------------------------------------------------------------------------

@@ -9,6 +9,10 @@ The ratio of a run is its time over the BSP run's time with the same seed (the m
 no BSP run has that seed); below 1 is faster than BSP. Per label (a sweep member over several seeds)
 the table gives the median time over seeds and the median and list of the per-seed ratios.
 
+Only a finished run (:attr:`RunInfo.finished`) is ever a reference: the reference label is one with a
+finished run, and where the reference run of a seed did not finish, that seed's runs have no ratio
+(the notes say so) rather than a ratio against a crashed run or the other seeds' median.
+
 Standard library only: a sweep writes its comparison without the ``analysis`` extra.
 """
 
@@ -20,7 +24,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .runs import RunInfo
+from .runs import RunInfo, section
 
 INF = math.inf
 
@@ -58,6 +62,8 @@ class Comparison:
     groups: list
     reference: str | None   # label of the BSP runs the ratios divide by
     eval_every: float | None = None
+    failed_reference_seeds: list = field(default_factory=list)  # seeds whose reference run did not finish
+    unfinished_reference: str | None = None  # a BSP label none of whose runs finished (so no ratios)
 
     @property
     def several_seeds(self) -> bool:
@@ -91,15 +97,39 @@ def _ratio(t: float | None, ref: float | None) -> float | None:
 
 
 def _reference_label(infos: list[RunInfo], reference: str | None) -> str | None:
+    """The label to divide by: ``reference``, else a BSP label (``bsp`` first) with a finished run.
+
+    Raises
+    ------
+    ValueError
+        When ``reference`` is no label of these runs, or none of its runs finished.
+    """
+    finished = {r.label for r in infos if r.finished}
     if reference is not None:
         if reference not in {r.label for r in infos}:
             raise ValueError(f"reference label {reference!r} is not among the runs' labels "
                              f"{sorted({r.label for r in infos})}")
+        if reference not in finished:
+            raise ValueError(f"reference label {reference!r}: none of its runs finished, so there is nothing "
+                             f"to divide by; finished labels are {sorted(finished)}")
         return reference
-    bsp = [r.label for r in infos if r.model == "bsp"]
+    bsp = [r.label for r in infos if r.model == "bsp" and r.finished]
     if not bsp:
         return None
     return "bsp" if "bsp" in bsp else bsp[0]
+
+
+def _unfinished_bsp(infos: list[RunInfo]) -> str | None:
+    """A BSP label none of whose runs finished (the note says why there are no ratios), or None."""
+    labels = [r.label for r in infos if r.model == "bsp"]
+    return next((label for label in labels if not any(r.finished for r in infos if r.label == label)), None)
+
+
+def _eval_every(infos: list[RunInfo]) -> float | None:
+    """The evaluation period (s) the runs share, or None when they differ or do not say."""
+    every = {section(r.config, "eval").get("every_seconds") for r in infos}
+    every = {e for e in every if isinstance(e, (int, float)) and not isinstance(e, bool)}
+    return every.pop() if len(every) == 1 else None
 
 
 def compare(infos: list[RunInfo], reference: str | None = None) -> Comparison:
@@ -116,11 +146,14 @@ def compare(infos: list[RunInfo], reference: str | None = None) -> Comparison:
     ref_runs = [r for r in infos if r.label == ref_label and r.finished]
     ref_by_seed = {t: {r.seed: _time(r, t) for r in ref_runs} for t in targets}
     ref_median = {t: _median(list(ref_by_seed[t].values())) for t in targets}
+    # a seed whose reference run crashed has no ratio: the median of the other seeds would hide it
+    failed_seeds = {r.seed for r in infos if r.label == ref_label and not r.finished} - {r.seed for r in ref_runs}
 
     rows = []
     for info in infos:
         times = {t: _time(info, t) for t in targets}
-        ref = {t: ref_by_seed[t].get(info.seed, ref_median[t]) for t in targets}
+        ref = {t: None if info.seed in failed_seeds else ref_by_seed[t].get(info.seed, ref_median[t])
+               for t in targets}
         s = info.summary
         rows.append(RunRow(info=info, final_accuracy=s.get("test_accuracy"), wall_seconds=s.get("wall_seconds"),
                            times=times, ratios={t: _ratio(times[t], ref[t]) for t in targets}))
@@ -130,7 +163,7 @@ def compare(infos: list[RunInfo], reference: str | None = None) -> Comparison:
         members = [r for r in rows if r.info.label == label]
         done = [r for r in members if r.info.finished]
         groups.append(GroupRow(
-            label=label, model=members[0].info.model, seeds=[r.info.seed for r in members],
+            label=label, model=(done or members)[0].info.model, seeds=[r.info.seed for r in members],
             failed=len(members) - len(done),
             final_accuracy=_median([r.final_accuracy for r in done]),
             times={t: _median([r.times[t] for r in done]) for t in targets},
@@ -139,9 +172,9 @@ def compare(infos: list[RunInfo], reference: str | None = None) -> Comparison:
             ratio={t: _median([r.ratios[t] for r in done]) for t in targets},
             seed_ratios={t: [r.ratios[t] for r in members] for t in targets},
         ))
-    every = {(r.config.get("eval") or {}).get("every_seconds") for r in infos} - {None}
-    return Comparison(targets=targets, runs=rows, groups=groups, reference=ref_label,
-                      eval_every=every.pop() if len(every) == 1 else None)
+    return Comparison(targets=targets, runs=rows, groups=groups, reference=ref_label, eval_every=_eval_every(infos),
+                      failed_reference_seeds=sorted(failed_seeds, key=lambda seed: (seed is None, seed or 0)),
+                      unfinished_reference=None if ref_label else _unfinished_bsp(infos))
 
 
 # -- text ---------------------------------------------------------------------------------------
@@ -217,14 +250,26 @@ def to_markdown(cmp: Comparison) -> str:
     notes = ["Time to a target: first wall second (rank 0's clock) at which the periodic test evaluation"
              " reached that accuracy" + (f" (evaluated every {cmp.eval_every:g} s)" if cmp.eval_every else "")
              + "; \"never\": not reached in the run."]
-    if cmp.reference:
-        notes.append(f"× {cmp.reference}: time over the {cmp.reference} run's time with the same seed "
-                     f"(below 1: faster than {cmp.reference}); ∞: this run never reached the target; "
-                     f"—: {cmp.reference} never reached it.")
-    else:
-        notes.append("No BSP run among these runs: no ratios.")
+    notes += _reference_notes(cmp)
     parts += [f"- {n}" for n in notes]
     return "\n".join(parts) + "\n"
+
+
+def _reference_notes(cmp: Comparison) -> list[str]:
+    """How the ratios were made, and why some or all are missing."""
+    if cmp.unfinished_reference:
+        why = f"No ratios: no run of {cmp.unfinished_reference} (BSP) finished, and a run that did not finish"
+        return [f"{why} is no reference."]
+    if not cmp.reference:
+        return ["No BSP run among these runs: no ratios."]
+    ratio = (f"× {cmp.reference}: time over the {cmp.reference} run's time with the same seed "
+             f"(below 1: faster than {cmp.reference}); ∞: this run never reached the target; "
+             f"—: {cmp.reference} never reached it.")
+    notes = [ratio]
+    for seed in cmp.failed_reference_seeds:
+        notes.append(f"Seed {seed}: the {cmp.reference} run did not finish, so the runs of seed {seed} have no "
+                     f"ratio (—), not one against a crashed run.")
+    return notes
 
 
 def _csv_value(v) -> str:

@@ -32,7 +32,8 @@ class RunInfo:
     ----------
     path : pathlib.Path
     summary : dict
-        ``summary.json``; ``{}`` when the run did not finish (see ``problem``).
+        ``summary.json``; ``{}`` when the run did not finish (see ``problem``): a summary whose
+        ``wall_seconds`` is null is a crashed run's, never a reference or a row of medians.
     config : dict
         The resolved job (from the summary, else from the server's trace attributes).
     label : str
@@ -41,7 +42,8 @@ class RunInfo:
         Sync model (``bsp``, ``asp``, ``ssp``, ``dssp``, ``elasticbsp``).
     seed : int or None
     problem : str or None
-        Why the summary is missing, naming the path; ``None`` for a finished run.
+        Why the run counts as not finished (no directory, summary missing, unreadable or with a
+        null ``wall_seconds``), naming the path; ``None`` for a finished run.
     """
 
     path: Path
@@ -54,7 +56,7 @@ class RunInfo:
 
     @property
     def finished(self) -> bool:
-        return bool(self.summary)
+        return self.problem is None and bool(self.summary)
 
 
 def is_run_dir(path: Path) -> bool:
@@ -101,20 +103,48 @@ def find_runs(paths: Iterable[str | os.PathLike]) -> list[Path]:
 
 
 def read_manifest(sweep_dir: Path) -> dict:
+    """The sweep's manifest: an object whose ``members`` is a list of objects, each with its ``dir``.
+
+    Raises
+    ------
+    UsageError
+        When the file is not JSON or not of that shape, naming it and what was expected.
+    """
     path = sweep_dir / MANIFEST
     try:
-        return json.loads(path.read_text())
+        doc = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise UsageError(f"{path}: unreadable sweep manifest ({err})") from None
+    members = doc.get("members", []) if isinstance(doc, dict) else None
+    if not isinstance(members, list) or not all(_is_member(m) for m in members):
+        raise UsageError(f"{path}: not a sweep manifest: expected an object whose \"members\" is a list of "
+                         f"objects, each with a \"dir\" (the member's directory name)")
+    return doc
+
+
+def _is_member(entry) -> bool:
+    return isinstance(entry, dict) and isinstance(entry.get("dir"), str) and bool(entry["dir"])
 
 
 def sweep_members(sweep_dir: Path) -> list[Path]:
     return [sweep_dir / m["dir"] for m in read_manifest(sweep_dir).get("members", [])]
 
 
+def section(config: dict, name: str) -> dict:
+    """``config[name]`` where it is a table of the job (a dict), else ``{}``: a hand-edited or foreign
+    config must not make the analysis fail on a ``.get`` of a string."""
+    value = config.get(name)
+    return value if isinstance(value, dict) else {}
+
+
+def _seed(value) -> int | None:
+    # a seed orders the runs: anything but an integer would not compare with the others
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def model_label(config: dict) -> str:
     """The sync model with the parameters that define it, e.g. ``ssp(s=3)`` or ``dssp(s=3,r=3)``."""
-    sync = config.get("sync", {})
+    sync = section(config, "sync")
     model = sync.get("model", "?")
     if model == "ssp":
         return f"ssp(s={sync.get('staleness')})"
@@ -122,7 +152,8 @@ def model_label(config: dict) -> str:
         return f"dssp(s={sync.get('staleness')},r={sync.get('dssp_range')})"
     if model == "elasticbsp":
         penalty = sync.get("penalty") or 0
-        return f"elasticbsp(R={sync.get('lookahead')}" + (f",λ={penalty:g})" if penalty else ")")
+        shown = f"{penalty:g}" if isinstance(penalty, (int, float)) else str(penalty)
+        return f"elasticbsp(R={sync.get('lookahead')}" + (f",λ={shown})" if penalty else ")")
     return model
 
 
@@ -137,7 +168,8 @@ def _member_group(run_dir: Path) -> tuple[str | None, int | None]:
         return None, None
     for m in members:
         if m.get("dir") == run_dir.name:
-            return m.get("group"), m.get("seed")
+            group = m.get("group")
+            return (group if isinstance(group, str) else None), _seed(m.get("seed"))
     return None, None
 
 
@@ -150,25 +182,27 @@ def _config_from_trace(run_dir: Path) -> dict:
         return {}
 
 
-def read_info(run_dir: str | os.PathLike) -> RunInfo:
-    """Read a run's summary and name it; a run without a readable summary gets a ``problem``."""
-    run_dir = Path(run_dir)
-    summary, problem = {}, None
-    path = run_dir / "summary.json"
+def _read_summary(run_dir: Path) -> tuple[dict, str | None]:
+    from ..trace.reader import read_summary
+
     if not run_dir.is_dir():
-        problem = f"{run_dir}: missing (the member failed before it started?)"
-    elif not path.is_file():
-        problem = f"{path}: missing (the run failed or was stopped)"
-    else:
-        try:
-            summary = json.loads(path.read_text())
-        except (OSError, ValueError) as err:
-            problem = f"{path}: unreadable ({err})"
-    config = summary.get("config") or (_config_from_trace(run_dir) if run_dir.is_dir() else {})
+        return {}, f"{run_dir}: missing (the member failed before it started?)"
+    return read_summary(run_dir)
+
+
+def read_info(run_dir: str | os.PathLike) -> RunInfo:
+    """Read a run's summary and name it; a run that did not finish gets a ``problem`` and no summary
+    (its label and seed still come from the manifest or the job it ran)."""
+    run_dir = Path(run_dir)
+    doc, problem = _read_summary(run_dir)
+    summary = doc if problem is None else {}
+    config = doc.get("config") or (_config_from_trace(run_dir) if run_dir.is_dir() else {})
     group, seed = _member_group(run_dir)
-    model = summary.get("sync") or config.get("sync", {}).get("model", "?")
+    model = doc.get("sync") or section(config, "sync").get("model", "?")
+    if not isinstance(model, str):
+        model = "?"
     if seed is None:
-        seed = config.get("seed")
+        seed = _seed(config.get("seed"))
     label = group or (model_label(config) if config else run_dir.name)
     return RunInfo(path=run_dir, summary=summary, config=config, label=label, model=model, seed=seed,
                    problem=problem)

@@ -153,7 +153,10 @@ def read_run(run_dir: str | os.PathLike, *, live: bool = False) -> dict[int, Tra
     """Read every rank's trace of a run: ``run_dir/trace/rank-NNNN.h5``, keyed by rank.
 
     A file that cannot be read is skipped with a warning naming it and the error, so a run with
-    one damaged rank can still be analysed; if no file can be read, :class:`TraceError` is raised.
+    one damaged rank can still be analysed; so is a file of another run (its ``run_id`` differs from
+    the run's, see :func:`_expected_run_id`) or of another rank (its ``rank`` attribute differs from
+    its name), with a warning naming it and both ids. If no file is left, :class:`TraceError` is
+    raised.
 
     Parameters
     ----------
