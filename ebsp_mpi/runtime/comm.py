@@ -17,7 +17,7 @@ from mpi4py import MPI
 
 from .. import __version__
 from ..config import to_dict
-from ..errors import UsageError
+from ..errors import OutputError, UsageError
 from ..trace.writer import open_trace
 from .protocol import CLOCK_TAG, chunk_bytes_for
 
@@ -30,6 +30,43 @@ CLOCK_ROUNDS = 8
 
 class JobFailure(RuntimeError):
     """An expected way for a run to fail (a stalled worker): reported in one line, no traceback."""
+
+
+class StallError(JobFailure):
+    """A rank that owes this one a message has been silent longer than ``runtime.stall_timeout_s``."""
+
+
+class Silence:
+    """A deadline on a wait: :meth:`check` raises :class:`StallError` with `what` once no message has
+    come for `timeout_s` seconds since :meth:`heard` (or since it was made).
+
+    Parameters
+    ----------
+    timeout_s : float
+        Seconds of silence allowed (``runtime.stall_timeout_s``).
+    what : str
+        Who is silent, for the message (e.g. ``"the server (rank 0)"``).
+    keepalive : MPI.Prequest, optional
+        A persistent receive of the peer's keep-alive messages (``protocol.ALIVE_TAG``), started: each
+        one that arrives counts as a message, and the receive is posted again.
+    """
+
+    def __init__(self, timeout_s: float, what: str, keepalive=None):
+        self.timeout_s, self.what, self.keepalive = timeout_s, what, keepalive
+        self.heard()
+
+    def heard(self) -> None:
+        self.since = time.monotonic()
+
+    def check(self) -> None:
+        if self.keepalive is not None and self.keepalive.Test():
+            self.keepalive.Start()
+            self.heard()
+            return
+        silent = time.monotonic() - self.since
+        if silent > self.timeout_s:
+            raise StallError(f"{self.what} sent nothing for {silent:.1f} s (runtime.stall_timeout_s = "
+                             f"{self.timeout_s}); it may have died or hung")
 
 
 @dataclass
@@ -94,11 +131,12 @@ def restart_clock(ctx: Context) -> None:
     ctx.t0 = float(t0[0])
 
 
-def wait_collective(ctx: Context, request) -> None:
+def wait_collective(ctx: Context, request, silence: Silence | None = None) -> None:
     """Complete a nonblocking collective by polling. Blocked inside MPI, a rank whose peer has died
     would never see the launcher's notice (SIGUSR1 runs its Python handler only between calls) and the
-    job would hang; polling lets the handler raise and the job abort."""
-    wait_all([request], ctx.backoff())
+    job would hang; polling lets the handler raise and the job abort. With `silence`, a collective that
+    does not complete in time raises :class:`StallError`."""
+    wait_all([request], ctx.backoff(), silence)
 
 
 def setup(base: MPI.Comm | None = None) -> Context:
@@ -255,17 +293,22 @@ class Backoff:
         self.delay = min(self.max_s, self.delay * 2)
 
 
-def wait_all(requests, backoff: Backoff) -> None:
+def wait_all(requests, backoff: Backoff, silence: Silence | None = None) -> None:
     """Complete `requests` (a list) by polling with back-off instead of spinning in ``Waitall``.
 
     Each request that completes resets the back-off: the next part of a multi-message push or reply
-    is then seen at once, not after the longest sleep.
+    is then seen at once, not after the longest sleep. With `silence`, each one also counts as word
+    from the peer, and a wait that hears nothing for its timeout raises :class:`StallError`.
     """
     backoff.reset()
     while (done := MPI.Request.Testsome(requests)) is not None:  # None: no request left active
         if done:
             backoff.reset()
+            if silence is not None:
+                silence.heard()
         else:
+            if silence is not None:
+                silence.check()
             backoff.idle()
 
 
@@ -273,7 +316,7 @@ def abort(ctx: Context | None, exc: BaseException) -> None:
     """Print which rank failed and why, then take the whole job down (never leave ranks hanging)."""
     rank = ctx.rank if ctx is not None else MPI.COMM_WORLD.Get_rank()
     role = "server" if rank == 0 else f"worker {rank - 1}"
-    if isinstance(exc, (UsageError, KeyboardInterrupt, JobFailure)):
+    if isinstance(exc, (UsageError, OutputError, KeyboardInterrupt, JobFailure)):
         text = f"ebsp_mpi: rank {rank} ({role}) stopped: {type(exc).__name__}: {exc}\n"
     else:
         text = "".join(traceback.format_exception(exc)) + \

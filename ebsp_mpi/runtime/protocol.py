@@ -11,6 +11,10 @@ A worker's iteration, as messages (DESIGN.md, "Parameters on the wire"):
 - **pull reply** (server -> worker): a header (``PULL_TAG``) of :data:`PULL_FIELDS`, then the weights,
   chunked like the gradient. A worker's next push implies its next pull request, so there is no
   separate request message.
+- **keep-alive** (server -> worker, ``ALIVE_TAG``): while the sync model holds a worker's pull, the
+  server tells it every quarter of ``runtime.stall_timeout_s`` that it still lives, so that a worker's
+  own watchdog (no word from the server within the stall timeout) tells a long hold from a dead or
+  stopped server. A worker keeps one receive of it posted from start-up to its stop reply.
 - **statistics** (worker -> server, ``STATS_TAG``), once, after the reply that told the worker to stop:
   a small dict for the run's summary (the only pickled message; it is off the hot path). The server
   takes it whenever it arrives and waits for the missing ones at the end, polling, so that a worker
@@ -32,6 +36,7 @@ PUSH_TAG = 1
 PULL_TAG = 2
 CLOCK_TAG = 3  # the clock-offset ping-pong at start-up (runtime.comm)
 STATS_TAG = 4
+ALIVE_TAG = 5  # the server to a worker whose pull it holds: it still lives (no payload to read)
 CHUNK_TAG0 = 100
 
 #: push header: iteration (0-based index of this worker's iteration), the model version the gradient was

@@ -25,19 +25,18 @@ from ..nn.kernels import all_finite
 from ..outputs import AccuracyTargets, build_summary, write_model, write_summary
 from ..progress import Progress
 from ..sync.registry import make_policy
-from .comm import Context, JobFailure, mpi_library, open_rank_trace
+from .comm import Context, StallError, mpi_library, open_rank_trace, wait_all
 from .evaluator import Evaluator
-from .protocol import (PULL_FIELDS, PULL_TAG, PUSH, PUSH_FIELDS, PUSH_TAG, STATS_TAG, ProtocolError, header, pack,
-                       plan_chunks)
+from .faults import fault_for
+from .protocol import (ALIVE_TAG, PULL_FIELDS, PULL_TAG, PUSH, PUSH_FIELDS, PUSH_TAG, STATS_TAG, ProtocolError, header,
+                       pack, plan_chunks)
 
 log = logging.getLogger(__name__)
 
-#: seconds between housekeeping passes (watchdog, eval start, trace flush, progress, stray messages)
+#: seconds between housekeeping passes (watchdog, keep-alives, eval start, trace flush, progress, stray messages)
 HOUSEKEEPING_S = 0.05
-
-
-class StallError(JobFailure):
-    """A worker has been silent longer than ``runtime.stall_timeout_s``."""
+#: what a keep-alive carries (nothing a worker reads; never written, so always safe to send)
+_ALIVE = np.zeros(1)
 
 
 @dataclass(eq=False)
@@ -104,11 +103,14 @@ class Server:
         self.left: set[int] = set()
         self.pull_requested = np.zeros(n)  # when each worker's pending pull arrived (its push time)
         self.last_heard = np.zeros(n)
+        self.last_told = np.zeros(n)  # when the server last sent each worker a reply or a keep-alive
+        self.alive_sends: list = []  # keep-alive sends in flight
         self.replies: list[_PendingReply] = []
         self.free_snapshots: list[np.ndarray] = []
         self.last_loss = np.full(n, np.nan)
         self.stats: list[dict | None] = [None] * n  # what each worker reports once it has stopped
         self.trace = open_rank_trace(ctx, job, run_dir, role="server", backend="numpy", device="cpu")
+        self.fault = fault_for(0, ctx.size)  # EBSP_INJECT_FAULT, to test the failure paths
         total = sum(self.limits) if all(lim is not None for lim in self.limits) else None
         self.progress = Progress(total, enabled=show_progress)
 
@@ -121,6 +123,7 @@ class Server:
         self.trace.set_attrs(clock_offset_s=0.0)
         t = self.ctx.now()
         self.last_heard[:] = t
+        self.last_told[:] = t
         self.pull_requested[:] = t
         self._decide(self.policy.start(t), t)
         next_housekeeping = 0.0
@@ -183,6 +186,8 @@ class Server:
         self.pull_requested[w] = t
         self.trace.append("pushes", worker=w, iteration=iteration, t=t, version_before=version_before,
                           staleness=version_before - version_used, rejected=rejected)
+        if self.fault is not None and self.fault.due(int(self.pushes.sum())):
+            self.fault.fire(f"push {int(self.pushes.sum())}")
         self._decide(self.policy.on_push(w, t), t)
         if self._limit_reached(w) and w not in self.left:
             # its last push: tell it to stop now rather than after the policy would release it
@@ -301,6 +306,7 @@ class Server:
         reply = _PendingReply(w, requests, snapshot, head, t)
         self.replies.append(reply)
         self.last_heard[w] = t
+        self.last_told[w] = t
         self.trace.append("pulls", worker=w, t_request=self.pull_requested[w], t_reply=t, version=self.version)
         return reply
 
@@ -332,6 +338,7 @@ class Server:
 
     def _housekeeping(self, now: float) -> None:
         self._watchdog(now)
+        self._keep_alive(now)
         self._take_other_messages()
         self.trace.maybe_flush()
         heard = self.last_loss[~np.isnan(self.last_loss)]
@@ -347,6 +354,17 @@ class Server:
             if owes and now - self.last_heard[w] > timeout:
                 raise StallError(f"worker rank {w + 1} silent for {now - self.last_heard[w]:.1f} s "
                                  f"(runtime.stall_timeout_s = {timeout}); it may have died or hung")
+
+    def _keep_alive(self, now: float) -> None:
+        """Tell each worker whose pull the sync model holds, every quarter of the stall timeout, that the
+        server still lives: the worker's own watchdog then fires only on a dead or stopped server, not
+        on a long hold (``protocol.ALIVE_TAG``)."""
+        interval = self.job.runtime.stall_timeout_s / 4
+        for w in self.policy.held:
+            if w not in self.left and now - self.last_told[w] >= interval:
+                self.alive_sends.append(self.ctx.comm.Isend([_ALIVE, MPI.DOUBLE], w + 1, ALIVE_TAG))
+                self.last_told[w] = now
+        self.alive_sends = [r for r in self.alive_sends if not r.Test()]
 
     def _take_other_messages(self) -> bool:
         """Take the statistics of workers that have stopped; anything else unmatched is a protocol error
@@ -388,12 +406,15 @@ class Server:
         wall = self.ctx.now()
         loss, acc = self.evaluator.evaluate_now(self.params)
         self._record_eval(wall, self.version, loss, acc, self.ctx.now() - wall)
+        if self.fault is not None and self.fault.due("end"):
+            self.fault.fire("the end")
         # the trained model and the server's trace do not depend on the workers' statistics: keep them
         # even if a worker fails to report
         write_model(self.run_dir, self.space.state_dict(), version=self.version, step=self.version,
                     attrs={"sync": self.policy.name, "config_json": to_dict(self.job)})
         self.trace.flush()
         stats = self._collect_stats()
+        wait_all(self.alive_sends, self.ctx.backoff())  # small sends, complete already or soon
         self.progress.close(int(self.pushes.sum()), test_acc=acc, version=self.version)
         heard = self.last_loss[np.isfinite(self.last_loss)]
         summary = build_summary(

@@ -14,7 +14,6 @@ header, sent last, completes the push (after any injected straggler delay).
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 import numpy as np
@@ -24,14 +23,12 @@ from .. import build
 from ..backend import resolve_backend
 from ..config import JobConfig
 from ..straggler import straggler_model
-from .comm import Context, open_rank_trace, wait_all
-from .protocol import PULL, PULL_FIELDS, PULL_TAG, PUSH_FIELDS, PUSH_TAG, STATS_TAG, header, pack, plan_chunks
+from .comm import Context, Silence, open_rank_trace, wait_all
+from .faults import fault_for
+from .protocol import (ALIVE_TAG, PULL, PULL_FIELDS, PULL_TAG, PUSH_FIELDS, PUSH_TAG, STATS_TAG, header, pack,
+                       plan_chunks)
 
 log = logging.getLogger(__name__)
-
-#: ``RANK:ITERATION[:hang]``: make that rank raise (or hang) at that iteration, or with ``end`` for the
-#: iteration after its stop reply, before it reports its statistics; to test failure handling
-FAULT_ENV = "EBSP_INJECT_FAULT"
 
 
 class Worker:
@@ -65,19 +62,24 @@ class Worker:
         self.chunks_of = _chunks_of_tensors(space, chunks)  # tensor name -> indices of its chunks
         self.pulls = [comm.Recv_init([self.pull_header, MPI.DOUBLE], 0, PULL_TAG)]
         self.pulls += [comm.Recv_init([self.params_buf[c.start:c.stop], MPI.FLOAT], 0, c.tag) for c in chunks]
+        # the server's keep-alive while it holds our pull (its content is never read)
+        self.alive_buf = np.zeros(1)
+        self.keepalive = comm.Recv_init([self.alive_buf, MPI.DOUBLE], 0, ALIVE_TAG)
         self.trace = open_rank_trace(ctx, job, run_dir, role="worker", backend=self.backend.name,
                                      device=self.backend.describe())
-        self.fault = _parse_fault(os.environ.get(FAULT_ENV, ""), ctx.rank)
+        self.fault = fault_for(ctx.rank, ctx.size)  # EBSP_INJECT_FAULT, to test the failure paths
 
     def run(self) -> dict:
         ctx, backend, model = self.ctx, self.backend, self.model
         backoff = ctx.backoff()
         wait_total = compute_total = delay_total = 0.0
         iteration, row = 0, None
+        self.keepalive.Start()
+        server = Silence(self.job.runtime.stall_timeout_s, "the server (rank 0)", self.keepalive)
         MPI.Prequest.Startall(self.pulls)  # the initial weights
         t_push = ctx.now()
         while True:
-            wait_all(self.pulls, backoff)
+            wait_all(self.pulls, backoff, server)
             t_start = ctx.now()
             wait_total += t_start - t_push
             version, stop = int(self.pull_header[PULL.version]), bool(self.pull_header[PULL.stop])
@@ -88,11 +90,11 @@ class Worker:
             if self.staged:
                 model.space.data[...] = backend.asarray(self.params_buf)
 
-            if self.fault is not None and iteration == self.fault[0]:
-                _inject(self.fault, ctx.rank, f"iteration {iteration}")
+            if self.fault is not None and self.fault.due(iteration):
+                self.fault.fire(f"iteration {iteration}")
             # the previous push was delivered before its reply came: complete it before the gradient
             # buffer is written again
-            wait_all(self.pushes, backoff)
+            wait_all(self.pushes, backoff, server)
             self.started[:] = False
             c0 = time.perf_counter()
             loss = self.compute_gradient()
@@ -115,10 +117,12 @@ class Worker:
                        version=version, loss=loss, injected_delay_s=delay, epoch=self.stream.epochs_done)
             iteration += 1
             self.trace.maybe_flush()
-        wait_all(self.pushes, backoff)
+        wait_all(self.pushes, backoff, server)
+        self.keepalive.Cancel()  # the server sends none after our stop reply
+        self.keepalive.Wait()
         self.trace.close()
-        if self.fault is not None and self.fault[0] == "end":
-            _inject(self.fault, ctx.rank, "the end")
+        if self.fault is not None and self.fault.due("end"):
+            self.fault.fire("the end")
         stats = {"iterations": iteration, "wait_seconds": wait_total, "compute_seconds": compute_total,
                  "injected_delay_seconds": delay_total, "backend": backend.describe()}
         wait_all([ctx.comm.isend(stats, dest=0, tag=STATS_TAG)], backoff)  # for the server's summary
@@ -162,25 +166,3 @@ def _chunks_of_tensors(space, chunks) -> dict[str, list[int]]:
     """Which chunks (by index) hold each tensor of `space`; chunks never straddle two tensors."""
     return {t.name: [k for k, c in enumerate(chunks) if t.offset <= c.start and c.stop <= t.offset + t.size]
             for t in space.tensors}
-
-
-def _parse_fault(spec: str, rank: int):
-    """``(iteration or "end", mode)`` when ``EBSP_INJECT_FAULT`` names this rank, else None."""
-    if not spec:
-        return None
-    parts = spec.split(":")
-    if len(parts) not in (2, 3) or not parts[0].isdigit() or not (parts[1].isdigit() or parts[1] == "end") or \
-            (len(parts) == 3 and parts[2] not in ("raise", "hang")):
-        raise ValueError(f"{FAULT_ENV} = {spec!r}: expected RANK:ITERATION or RANK:ITERATION:hang "
-                         f"(ITERATION a number or 'end')")
-    if int(parts[0]) != rank:
-        return None
-    return int(parts[1]) if parts[1] != "end" else "end", parts[2] if len(parts) == 3 else "raise"
-
-
-def _inject(fault, rank: int, where: str) -> None:
-    if fault[1] == "hang":
-        log.warning("rank %d hangs at %s (%s)", rank, where, FAULT_ENV)
-        while True:
-            time.sleep(3600)
-    raise RuntimeError(f"fault injected at {where} ({FAULT_ENV})")

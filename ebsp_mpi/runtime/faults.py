@@ -1,0 +1,73 @@
+"""Fault injection for testing the failure paths: ``EBSP_INJECT_FAULT=RANK:WHEN[:MODE]``.
+
+- ``RANK``: the rank that fails, the server (0) or a worker (1..N-1);
+- ``WHEN``: on a worker, its 0-based iteration; on the server, the number of pushes it has taken in
+  (the fault fires when it takes in that many); ``end`` on a worker: after its stop reply, before it
+  reports its statistics; on the server: after the last worker has stopped, before the model is written;
+- ``MODE``: ``raise`` (the default: an exception, which aborts the job) or ``hang`` (the rank stops
+  answering, as if stopped with SIGSTOP, which the watchdogs must name).
+
+Standard library only: the command line checks the variable before MPI starts (one line, exit code 2).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+from ..errors import UsageError
+
+log = logging.getLogger(__name__)
+
+FAULT_ENV = "EBSP_INJECT_FAULT"
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A fault to inject on `rank`: at `when` (an iteration or push count, or ``"end"``), by `mode`."""
+
+    rank: int
+    when: int | str
+    mode: str = "raise"
+
+    def due(self, count: int | str) -> bool:
+        """True when `count` (this rank's iteration or push count, or ``"end"``) is when it fires."""
+        return self.when == count
+
+    def fire(self, where: str) -> None:
+        """Raise, or hang for good, at `where` (named in the message)."""
+        if self.mode == "hang":
+            log.warning("rank %d hangs at %s (%s)", self.rank, where, FAULT_ENV)
+            while True:
+                time.sleep(3600)
+        raise RuntimeError(f"fault injected at {where} ({FAULT_ENV})")
+
+
+def parse_fault(spec: str, world_size: int) -> Fault | None:
+    """The fault that `spec` (the variable's value) names, or None when it is empty.
+
+    Raises
+    ------
+    UsageError
+        When `spec` is malformed or names a rank outside ``0..world_size-1``.
+    """
+    if not spec:
+        return None
+    parts = spec.split(":")
+    if len(parts) not in (2, 3) or not parts[0].isdigit() or not (parts[1].isdigit() or parts[1] == "end") or \
+            (len(parts) == 3 and parts[2] not in ("raise", "hang")):
+        raise UsageError(f"{FAULT_ENV} = {spec!r}: expected RANK:WHEN or RANK:WHEN:hang (RANK and WHEN numbers, "
+                         f"WHEN may be 'end')")
+    rank = int(parts[0])
+    if rank >= world_size:
+        raise UsageError(f"{FAULT_ENV} = {spec!r}: rank {rank} does not exist; this job has ranks "
+                         f"0..{world_size - 1}")
+    return Fault(rank, int(parts[1]) if parts[1] != "end" else "end", parts[2] if len(parts) == 3 else "raise")
+
+
+def fault_for(rank: int, world_size: int, env=None) -> Fault | None:
+    """This rank's fault from the environment, or None."""
+    fault = parse_fault((os.environ if env is None else env).get(FAULT_ENV, ""), world_size)
+    return fault if fault is not None and fault.rank == rank else None
