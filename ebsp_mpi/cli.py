@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from .config import check_workers, load_job, to_toml
-from .errors import UsageError
+from .errors import OutputError, UsageError
 
 EXIT_USAGE = 2
+EXIT_FAILURE = 1
 
 
 def main(argv=None) -> int:
@@ -34,16 +36,18 @@ def main(argv=None) -> int:
     try:
         return args.run(args)
     except (UsageError, FileExistsError) as e:
-        return _usage_error(e)
+        return _one_line_error(e, EXIT_USAGE)
+    except OutputError as e:
+        return _one_line_error(e, EXIT_FAILURE)
 
 
-def _usage_error(e: Exception) -> int:
+def _one_line_error(e: Exception, code: int) -> int:
     from .runtime.env import rank_from_env
 
     # under mpiexec every rank reads the same job and fails the same way: one line is enough
     if rank_from_env() == 0:
         print(f"ebsp_mpi: error: {e}", file=sys.stderr)
-    return EXIT_USAGE
+    return code
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -87,24 +91,25 @@ def _config(args) -> int:
 
 def _train(args) -> int:
     from .runtime.env import world_size_from_env
+    from .runtime.faults import FAULT_ENV, parse_fault
 
     job = load_job(args.job, args.overrides)
     world_size = world_size_from_env()
     workers = check_workers(job, world_size)
+    parse_fault(os.environ.get(FAULT_ENV, ""), world_size)  # a bad value is one line here, not a rank's crash
     if world_size > 1:
         from .runtime.launch import run_mpi
 
         return run_mpi(job, args.out, show_progress=not args.quiet)
 
     from . import local
-    from .outputs import make_run_dir
+    from .outputs import describe_run, make_run_dir, training_failed
 
     run_dir = make_run_dir(args.out, job.name)
     summary = local.train(job, run_dir, workers, show_progress=not args.quiet)
-    _report(summary, run_dir)
+    print(describe_run(summary, run_dir))
+    failed = training_failed(summary)
+    if failed:
+        print(f"ebsp_mpi: error: {failed}", file=sys.stderr)
+        return EXIT_FAILURE
     return 0
-
-
-def _report(summary: dict, run_dir) -> None:
-    print(f"{summary['sync']}: {summary['workers']} worker(s), {summary['wall_seconds']:.1f} s, "
-          f"test accuracy {summary['test_accuracy']:.4f}, test loss {summary['test_loss']:.4f} -> {run_dir}")

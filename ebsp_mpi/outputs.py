@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
 import os
@@ -16,18 +18,57 @@ import numpy as np
 
 from . import __version__
 from .config import to_dict
+from .errors import OutputError, UsageError
+
+
+#: the file in a run directory that the run holds locked while it writes there
+LOCK_FILE = ".lock"
+_held_locks: list = []  # open lock files: the kernel drops a lock when its process ends, however
 
 
 def make_run_dir(out: str | None, name: str) -> Path:
     """``out`` if given, else ``runs/<name>-<UTC timestamp>``; created, never overwritten silently.
 
-    An existing non-empty directory is refused so that no earlier run's files are lost.
+    The run holds an exclusive lock on ``DIR/.lock`` (``flock``) for as long as its process lives, so
+    a second run given the same directory at the same time is refused, not interleaved with the first;
+    an existing directory that holds anything else is refused so that no earlier run's files are lost.
+
+    Raises
+    ------
+    FileExistsError
+        The directory is in use by another run, or not empty.
+    UsageError
+        The directory cannot be created or written (a path under a file, no permission, a read-only
+        file system).
     """
     path = Path(out) if out else Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
-    if path.exists() and any(path.iterdir()):
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--out {path}: exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        _lock(path)
+    except FileExistsError:  # the lock is taken
+        raise
+    except OSError as e:
+        raise UsageError(f"--out {path}: cannot create or write the run directory: {e.strerror or e}") from None
+    if any(p.name != LOCK_FILE for p in path.iterdir()):
         raise FileExistsError(f"output directory {path} exists and is not empty; choose another --out")
-    path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def _lock(run_dir: Path) -> None:
+    """Take the run directory's lock for the life of this process; FileExistsError if another holds it.
+    Where the file system has no ``flock`` (some NFS or Lustre mounts) the run goes on unlocked."""
+    f = open(run_dir / LOCK_FILE, "a+")  # held open on purpose: the lock lasts as long as the file is open
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise FileExistsError(f"output directory {run_dir} is in use by another run; choose another --out") \
+            from None
+    except OSError:  # no locking on this file system
+        pass
+    _held_locks.append(f)
 
 
 @dataclass
@@ -104,25 +145,83 @@ def build_summary(job, *, sync: str, world_size: int, backend: str, wall_seconds
     return summary
 
 
+def describe_run(summary: dict, run_dir) -> str:
+    """One line on how a run ended, for the terminal."""
+    def fmt(x):
+        return "n/a" if x is None else f"{x:.4f}"
+
+    return (f"{summary['sync']}: {summary['workers']} worker(s), {summary['wall_seconds']:.1f} s, test accuracy "
+            f"{fmt(summary['test_accuracy'])}, test loss {fmt(summary['test_loss'])}, "
+            f"{summary['rejected_pushes']} rejected pushes -> {run_dir}")
+
+
+def training_failed(summary: dict) -> str | None:
+    """Why a run that ran to its end did not train, or None: every push was rejected (NaN or Inf in
+    every gradient), or its loss is not a finite number. Such a run must not exit 0."""
+    pushes = sum(summary["iterations"])
+    if pushes and summary["rejected_pushes"] >= pushes:
+        return (f"all {pushes} pushes were rejected (NaN or Inf in every gradient): nothing was trained; "
+                f"lower optim.lr or check the data")
+    if pushes and (summary["test_loss"] is None or summary["train_loss"] is None):
+        return "the loss is not a finite number (the training diverged); lower optim.lr or check the data"
+    return None
+
+
 def _finite_or_none(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
 
 
 def write_summary(run_dir: Path, summary: dict) -> Path:
-    """Write ``summary.json`` atomically (a crash mid-write never leaves half a file)."""
+    """Write ``summary.json`` atomically (a crash mid-write never leaves half a file), as strict JSON:
+    a float that is not finite is written as null."""
     path = run_dir / "summary.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(summary, indent=2, default=_jsonable) + "\n")
-    os.replace(tmp, path)
+    text = json.dumps(_strict(summary), indent=2, default=_jsonable, allow_nan=False) + "\n"
+    with _atomic(path) as tmp:
+        tmp.write_text(text)
     return path
+
+
+@contextlib.contextmanager
+def _atomic(path: Path):
+    """Yield a temporary path beside `path`, then rename it to `path`; on any failure remove it and
+    raise :class:`OutputError` for an OSError (a full disk, a quota), so that nothing half-written
+    stays and the user reads one line."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        # h5py, closing a file whose write failed, raises a RuntimeError in the handling of the OSError
+        cause = next((x for x in (e, e.__context__) if isinstance(x, OSError)), None)
+        if cause is not None:
+            raise OutputError(f"cannot write {path}: {os_error_text(cause)}") from None
+        raise
+
+
+def os_error_text(e: OSError) -> str:
+    """What went wrong, in a few words: the system's text for the error number where there is one
+    (h5py's messages run over several lines of HDF5's error stack)."""
+    return os.strerror(e.errno) if e.errno else str(e).splitlines()[0]
+
+
+def _strict(value):
+    """`value` with every non-finite float replaced by None (JSON has no NaN or Infinity)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value
 
 
 def write_model(run_dir: Path, tensors: dict[str, np.ndarray], *, version: int, step: int,
                 attrs: dict | None = None) -> Path:
     """``model.h5``: one dataset per named tensor; attributes ``version`` and ``step`` (and `attrs`)."""
     path = run_dir / "model.h5"
-    tmp = path.with_suffix(".h5.tmp")
-    with h5py.File(tmp, "w") as f:
+    with _atomic(path) as tmp, h5py.File(tmp, "w") as f:
         for name, array in tensors.items():
             f.create_dataset(name, data=np.asarray(array))
         f.attrs["version"] = int(version)
@@ -130,7 +229,6 @@ def write_model(run_dir: Path, tensors: dict[str, np.ndarray], *, version: int, 
         f.attrs["package_version"] = __version__
         for key, value in (attrs or {}).items():
             f.attrs[key] = value if isinstance(value, (int, float, str)) else json.dumps(value, default=_jsonable)
-    os.replace(tmp, path)
     return path
 
 

@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +63,19 @@ def local(out, *overrides: str, job=None, timeout: float = 240) -> subprocess.Co
     for o in overrides:
         cmd += ["--set", o]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env())
+
+
+def pids_of_rank(out_dir: Path, rank: int) -> list[int]:
+    """The PIDs of rank `rank` of the run writing to `out_dir` (found through /proc)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(out_dir).encode() in cmdline and b"ebsp_mpi" in cmdline and f"PMI_RANK={rank}".encode() in environ:
+            pids.append(int(proc.name))
+    return pids

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..config import JobConfig
 from ..errors import UsageError
-from ..outputs import make_run_dir
+from ..outputs import describe_run, make_run_dir, training_failed
 from . import comm as mpi
 
 log = logging.getLogger(__name__)
@@ -37,10 +37,11 @@ def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True) -> int:
     ctx = mpi.setup()
     if ctx.rank != 0:
         logging.getLogger().setLevel(logging.WARNING)
-    # a launcher that kills the job when one rank dies may name only its PID: this maps PIDs to ranks
-    procs = ctx.comm.gather((ctx.host, os.getpid()), root=0)
+    # a launcher that kills the job when one rank dies may name only its PID: this maps PIDs to ranks;
+    # the server watches every rank, a worker the server (see comm.watch_peers)
+    procs = ctx.comm.allgather((ctx.host, os.getpid()))
+    mpi.watch_peers(procs if ctx.rank == 0 else procs[:1])
     if ctx.rank == 0:
-        mpi.watch_peers(procs)
         log.info("ranks: %s", ", ".join(f"{r} ({'server' if r == 0 else f'worker {r - 1}'}) pid {pid} on {host}"
                                         for r, (host, pid) in enumerate(procs)))
     role, error = None, None
@@ -72,28 +73,33 @@ def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True) -> int:
 
     try:
         mpi.restart_clock(ctx)
-        if ctx.rank == 0:
-            summary = role.run()
-            print(f"{summary['sync']}: {summary['workers']} workers, {summary['wall_seconds']:.1f} s, "
-                  f"test accuracy {summary['test_accuracy']:.4f}, test loss {summary['test_loss']:.4f}, "
-                  f"{summary['rejected_pushes']} rejected pushes -> {role.run_dir}")
-        else:
-            role.run()  # ends by sending its statistics to the server
-        mpi.wait_collective(ctx, ctx.comm.Ibarrier())
+        summary = role.run()  # a worker's ends by sending its statistics to the server
+        # the ranks part together; a rank that stops answering now is named instead of waited for
+        others = "a worker" if ctx.rank == 0 else "the server (rank 0)"
+        mpi.wait_collective(ctx, ctx.comm.Ibarrier(), mpi.Silence(job.runtime.stall_timeout_s, others))
     except BaseException as e:  # noqa: BLE001 - any failure must take the whole job down
         mpi.abort(ctx, e)
+        return 1  # MPI_Abort ends the process; should it come back, this rank has still failed
+    if ctx.rank != 0:
+        return 0
+    print(describe_run(summary, role.run_dir))
+    failed = training_failed(summary)
+    if failed:
+        print(f"ebsp_mpi: error: {failed}", file=sys.stderr)
+        return 1
     return 0
 
 
 def _run_dir(ctx, job: JobConfig, out: str | None) -> Path:
-    """Rank 0 creates the run directory (refusing a non-empty one); every rank learns its path."""
+    """Rank 0 creates the run directory (refusing a non-empty or unwritable one); every rank learns its
+    path, or the reason there is none (so that no rank waits for a path that never comes)."""
     path, error = None, None
     if ctx.rank == 0:
         try:
             path = str(make_run_dir(out, job.name))
-        except FileExistsError as e:
+        except (FileExistsError, UsageError) as e:
             error = str(e)
     path, error = ctx.comm.bcast((path, error), root=0)
     if error:
-        raise FileExistsError(error)
+        raise UsageError(error)
     return Path(path)

@@ -30,6 +30,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from ..errors import OutputError
 from .schema import SCHEMA_VERSION, TABLES
 
 #: Rows a table's in-memory buffer holds before its first growth.
@@ -194,13 +195,23 @@ class TraceWriter:
         return False
 
     def flush(self) -> None:
-        """Write every buffered row and flush the HDF5 file to disk."""
+        """Write every buffered row and flush the HDF5 file to disk.
+
+        Raises
+        ------
+        OutputError
+            When the file cannot be written (a full disk, a quota): one line for the user, naming it.
+        """
         if self._closed:
             return
-        for name, buf in self._buffers.items():
-            if buf.count:
-                self._write_rows(name, buf)
-        self._file.flush()
+        try:
+            for name, buf in self._buffers.items():
+                if buf.count:
+                    self._write_rows(name, buf)
+            self._file.flush()
+        except OSError as e:  # h5py's write errors are OSErrors that carry HDF5's whole error stack
+            reason = os.strerror(e.errno) if e.errno else str(e).splitlines()[0]
+            raise OutputError(f"cannot write the trace {self.path}: {reason}") from None
         self._last_flush = time.monotonic()
 
     def _write_rows(self, name: str, buf: _TableBuffer) -> None:

@@ -1,0 +1,198 @@
+"""Reliability end to end: no crash under load, no hang, no lost run, one line for what a user fixes.
+
+Each case launches ``mpiexec ... python -m ebsp_mpi train`` (or the single process) with a timeout and
+reads its exit code, its output and its run directory. Signals go to a rank found through /proc.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mpirun import child_env, local, pids_of_rank, train, train_cmd, watchdog_flags
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
+
+SHORT = ["stop.seconds=2", "stop.epochs=0"]
+
+
+def summary(run_dir: Path) -> dict:
+    def refuse(constant):
+        raise ValueError(f"summary.json holds {constant}: not strict JSON")
+
+    return json.loads((run_dir / "summary.json").read_text(), parse_constant=refuse)
+
+
+# -- load -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", ["bsp", "asp", "asp", "asp", "ssp", "dssp", "elasticbsp"])
+def test_every_sync_model_survives_eight_workers_on_two_cores(model, tmp_path):
+    """The server once died under ASP with 8 workers ("truth value of an array is ambiguous") in 3 of 7
+    runs; ASP runs three times here."""
+    p = train(9, tmp_path, f"sync.model={model}", *SHORT, "straggler.slowdown=[1, 1, 1, 1, 1, 1, 1, 3]",
+              timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    s = summary(tmp_path)
+    assert s["workers"] == 8 and min(s["iterations"]) > 0
+
+
+# -- bad output places, bad fault specs --------------------------------------------------------------
+
+
+def _bad_out(tmp_path: Path, kind: str) -> Path:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory\n")
+    return a_file if kind == "a file" else a_file / "run"
+
+
+@pytest.mark.parametrize("kind", ["a file", "under a file"])
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_an_unusable_out_is_one_line_and_exit_2(kind, ranks, tmp_path):
+    out = _bad_out(tmp_path, kind)
+    p = local(out, *SHORT) if ranks == 1 else train(ranks, out, *SHORT, timeout=60)
+    assert p.returncode == 2, p.stderr
+    lines = [line for line in p.stderr.splitlines() if "ebsp_mpi" in line]
+    assert len(lines) == 1 and str(out) in lines[0] and "Traceback" not in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("one:5", "expected RANK:WHEN"),
+    ("1:5:explode", "expected RANK:WHEN"),
+    ("7:5", "rank 7 does not exist; this job has ranks 0..2"),
+])
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_a_bad_fault_spec_is_one_line_and_exit_2(spec, message, ranks, tmp_path):
+    if ranks == 1:
+        message = message.replace("0..2", "0..0")
+        p = subprocess.run([sys.executable, "-m", "ebsp_mpi", "train", "-q", "--out", str(tmp_path / "run")],
+                           capture_output=True, text=True, timeout=60, env={**child_env(), "EBSP_INJECT_FAULT": spec})
+    else:
+        p = train(ranks, tmp_path / "run", *SHORT, extra_env={"EBSP_INJECT_FAULT": spec}, timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert message in p.stderr and p.stderr.count("ebsp_mpi: error") == 1, p.stderr
+
+
+# -- the server's failure paths ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault, message", [
+    ("0:30", "rank 0 (server) failed: RuntimeError: fault injected at push 30"),
+    ("0:30:hang", "the server (rank 0) sent nothing for"),  # a worker's watchdog names it
+    ("0:end:hang", "the server (rank 0) sent nothing for"),  # the workers wait at the final barrier
+], ids=["raise", "hang mid-run", "hang at the end"])
+def test_a_failing_server_ends_the_job_and_is_named(fault, message, tmp_path):
+    stall = 3.0
+    t0 = time.monotonic()
+    p = train(3, tmp_path, "stop.iterations=40", "straggler.enabled=false", f"runtime.stall_timeout_s={stall}",
+              extra_env={"EBSP_INJECT_FAULT": fault}, timeout=60)
+    assert p.returncode != 0
+    assert message in p.stderr + p.stdout, p.stderr
+    assert time.monotonic() - t0 < stall + 30
+
+
+def _signal_rank(tmp_path: Path, rank: int, sig: int, stall: float, flags=()) -> tuple[int, float, str]:
+    """Start a 3-rank run, send `sig` to `rank` once it trains; the exit code, the seconds from the
+    signal to the job's end, and the output."""
+    out, log = tmp_path / "run", tmp_path / "log"
+    proc = subprocess.Popen(train_cmd(3, out, "stop.seconds=120", "stop.epochs=0", f"runtime.stall_timeout_s={stall}",
+                                      "straggler.base_s=0.01", "sync.model=ssp", flags=flags),
+                            stdout=log.open("w"), stderr=subprocess.STDOUT, env=child_env())
+    pids = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (pids and (out / "trace" / "rank-0002.h5").exists()):
+            time.sleep(0.2)
+            pids = pids_of_rank(out, rank)
+        assert pids, f"rank {rank} never started"
+        time.sleep(1.0)  # training
+        sent = time.monotonic()
+        for pid in pids:
+            os.kill(pid, sig)
+        proc.wait(timeout=stall + 10)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for r in range(3):  # a stopped rank the launcher left behind
+            for pid in pids_of_rank(out, r):
+                os.kill(pid, signal.SIGKILL)
+    return proc.returncode, took, log.read_text()
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the rank's process through /proc")
+@pytest.mark.parametrize("rank, sig, cleanup, named", [
+    (0, signal.SIGSTOP, False, "the server (rank 0) sent nothing for"),
+    (0, signal.SIGSTOP, True, "the server (rank 0) sent nothing for"),
+    (2, signal.SIGSTOP, False, "worker rank 2 silent for"),
+    (0, signal.SIGKILL, True, "rank 0 (server, pid"),
+], ids=["server stopped", "server stopped, no auto-cleanup", "worker stopped", "server killed, no auto-cleanup"])
+def test_a_stopped_or_killed_rank_ends_the_job_within_the_stall_timeout_and_is_named(rank, sig, cleanup, named,
+                                                                                      tmp_path):
+    """SIGSTOP looks like a hung rank: the other side's watchdog names it. kill -9 under MPICH's
+    ``-disable-auto-cleanup``: the launcher signals the survivors, and the worker names the dead server
+    (without that flag Hydra kills every rank at once, and no rank can speak)."""
+    stall = 4.0
+    flags = watchdog_flags() if cleanup else []
+    code, took, output = _signal_rank(tmp_path, rank, sig, stall, flags)
+    assert code != 0
+    assert took <= stall + 10
+    assert named in output, output[-3000:]
+
+
+# -- runs that did not train, and nothing lost ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_a_run_that_diverged_does_not_exit_0_and_writes_strict_json(ranks, tmp_path):
+    overrides = ["optim.lr=1e30", "stop.iterations=20"]
+    p = local(tmp_path, *overrides) if ranks == 1 else train(ranks, tmp_path, *overrides, timeout=120)
+    assert p.returncode == 1, p.stderr
+    assert "ebsp_mpi: error:" in p.stderr and ("rejected" in p.stderr or "not a finite number" in p.stderr)
+    s = summary(tmp_path)  # strict JSON: a NaN loss is null
+    assert s["test_loss"] is None or s["train_loss"] is None
+
+
+def test_a_second_run_into_the_same_out_is_refused_and_the_first_keeps_its_results(tmp_path):
+    out = tmp_path / "run"
+    first = subprocess.Popen(train_cmd(3, out, "stop.seconds=6", "stop.epochs=0"), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=child_env())
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / "trace").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        second = train(3, out, "stop.seconds=2", "stop.epochs=0", timeout=60)
+        assert second.returncode == 2
+        assert "in use by another run" in second.stderr, second.stderr
+        _, err = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 0, err
+    assert summary(out)["wall_seconds"] >= 5
+
+
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_a_full_disk_leaves_no_temporary_file_and_prints_one_line(ranks, tmp_path):
+    """A file-size limit (``ulimit -f``) makes writes past 4 MiB fail, as a full disk does: the model
+    (2048 x 784 weights, 6.4 MB) cannot be written. (MPICH's UCX shared-memory transport needs larger
+    files than that to start, so the ranks talk over TCP here.)"""
+    job = ["data.name=synthetic", "data.synthetic_features=784", "model.hidden=[2048]", "stop.iterations=3"]
+    if ranks > 1:
+        cmd = train_cmd(ranks, tmp_path / "run", *job)
+    else:
+        cmd = [sys.executable, "-m", "ebsp_mpi", "train", "-q", "--out", str(tmp_path / "run")]
+        cmd += [arg for key in job for arg in ("--set", key)]
+    limited = ["bash", "-c", 'ulimit -f 4096 && exec "$@"', "limited", *cmd]
+    p = subprocess.run(limited, capture_output=True, text=True, timeout=120, env={**child_env(), "UCX_TLS": "tcp,self"})
+    assert p.returncode != 0
+    assert "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert "cannot write" in p.stderr and "File too large" in p.stderr, p.stderr[-3000:]
+    assert p.stderr.count("ebsp_mpi:") == 1, p.stderr[-3000:]
+    assert not list((tmp_path / "run").rglob("*.tmp"))
