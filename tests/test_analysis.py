@@ -4,11 +4,15 @@ Runs are built here with the real TraceWriter (one file per rank) and a summary.
 so that every statistic can be checked exactly; a real MPI run is analysed in tests/test_sweep.py.
 """
 
+import errno
 import json
 import math
+import os
 import shutil
 import struct
+import tempfile
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -605,6 +609,211 @@ def test_timeline_and_report_of_broken_traces_fail_with_one_line(tmp_path, capsy
     err = capsys.readouterr().err.splitlines()
     assert err[-1].startswith("ebsp_mpi: error: no run with readable worker iterations")
     assert all(line.startswith("report: note:") for line in err[:-1])
+
+
+# -- command line on broken runs and unwritable places ---------------------------------------------
+
+
+def _member_broken(how, member="asp-seed1"):
+    """A sweep of bsp and asp over seeds 0 and 1 whose member ``member`` is broken ``how``."""
+    def build(tmp_path):
+        out = _sweep(tmp_path, {"bsp": 20.0, "asp": 40.0}, seeds=(0, 1))
+        break_run(out / member, how)
+        return out
+    return build
+
+
+def _foreign_rank(tmp_path):
+    make_run(tmp_path / "a", "bsp", rounds=6)
+    make_run(tmp_path / "b", "asp", rounds=6)
+    shutil.copy(trace_path(tmp_path / "b", 3), trace_path(tmp_path / "a", 3))
+    return tmp_path / "a"
+
+
+def _run_without_summary(tmp_path):
+    make_run(tmp_path / "a", "asp", rounds=6, summary=False)
+    return tmp_path / "a"
+
+
+def _manifest(members_json):
+    """A sweep whose manifest is replaced by ``members_json`` (None: names a member never run)."""
+    def build(tmp_path):
+        out = _sweep(tmp_path, {"bsp": 20.0}, seeds=(0,))
+        manifest = out / "sweep.json"
+        if members_json is None:
+            doc = json.loads(manifest.read_text())
+            doc["members"].append({"name": "ghost", "group": "ghost", "seed": 0, "dir": "ghost-seed0"})
+            manifest.write_text(json.dumps(doc))
+        else:
+            manifest.write_text(members_json)
+        return out
+    return build
+
+
+#: (case, how the input is built, command, exit code, a fragment of stderr or None for nothing but
+#: the usual lines). Exit codes: 1 for a run that did not finish (report and compare alike), or for a
+#: sweep member timeline has no trace of; 2 when nothing can be made of the input; notes name the file.
+BROKEN = [
+    *[(how, _member_broken(how), cmd, code, fragment) for how, fragment in (
+        ("no summary", "asp-seed1/summary.json: missing"),
+        ("null summary", "asp-seed1/summary.json: no wall time (wall_seconds is null or missing)"),
+        ("summary not JSON", "asp-seed1/summary.json: unreadable"),
+        ("summary a list", "asp-seed1/summary.json: not a JSON object but list"),
+        ("summary with a bad field", "'time_to_accuracy' is [0.9], expected an object or null"),
+    ) for cmd, code in (("report", 1), ("compare", 1))],
+    *[(how, _member_broken(how), "timeline", 0, None) for how in (  # the traces are whole: nothing to say
+        "no summary", "null summary", "summary not JSON", "summary a list", "summary with a bad field")],
+    ("no directory", _member_broken("no directory"), "report", 1, "asp-seed1: missing (the member failed"),
+    ("no directory", _member_broken("no directory"), "compare", 1, "asp-seed1: missing (the member failed"),
+    ("no directory", _member_broken("no directory"), "timeline", 1, "timeline: note: skipped"),
+    ("no traces", _member_broken("no traces"), "report", 0, "asp-seed1/trace"),
+    ("no traces", _member_broken("no traces"), "compare", 0, None),  # compare reads summaries only
+    ("no traces", _member_broken("no traces"), "timeline", 1, "no trace directory in run"),
+    ("empty trace directory", _member_broken("empty trace directory"), "report", 0, "no trace files"),
+    ("empty trace directory", _member_broken("empty trace directory"), "timeline", 1, "no trace files"),
+    ("truncated rank 0", _member_broken("truncated rank 0"), "report", 0, "rank-0000.h5"),
+    ("truncated rank 0", _member_broken("truncated rank 0"), "timeline", 0, "rank-0000.h5"),
+    ("foreign rank file", _foreign_rank, "report", 0, "its run id is 'b', this run's is 'a'"),
+    ("foreign rank file", _foreign_rank, "timeline", 0, "its run id is 'b', this run's is 'a'"),
+    ("foreign rank file", _foreign_rank, "compare", 0, None),
+    ("run without summary", _run_without_summary, "report", 1, "summary.json: missing"),
+    ("run without summary", _run_without_summary, "compare", 1, "summary.json: missing"),
+    ("run without summary", _run_without_summary, "timeline", 0, None),
+    *[("member never run", _manifest(None), cmd, 1, "ghost-seed0: missing") for cmd in ("report", "compare")],
+    ("member never run", _manifest(None), "timeline", 1, "skipped"),
+    *[("manifest not JSON", _manifest("{oops"), cmd, 2, "unreadable sweep manifest") for cmd in
+      ("report", "compare", "timeline")],
+    *[(f"manifest {text}", _manifest(text), cmd, 2, "not a sweep manifest") for cmd in ("report", "compare", "timeline")
+      for text in ("[]", '{"members": 3}', '{"members": [{"name": "a"}]}')],
+]
+
+
+def _output(command, tmp_path, name="out"):
+    return ["-o" if command == "timeline" else "--out", str(tmp_path / name)]
+
+
+@pytest.mark.parametrize("case, build, command, code, fragment", BROKEN,
+                         ids=[f"{case}-{command}" for case, _, command, _, _ in BROKEN])
+def test_broken_inputs_give_notes_or_one_error_line_never_a_traceback(tmp_path, capsys, case, build, command,
+                                                                        code, fragment):
+    from ebsp_mpi.cli import main
+
+    src = build(tmp_path)
+    assert main([command, str(src), *_output(command, tmp_path)]) == code
+    err = capsys.readouterr().err.splitlines()
+    if code == 2:
+        assert len(err) == 1 and err[0].startswith("ebsp_mpi: error: ")
+    else:  # the usual lines, each one line: notes, and compare's "wrote"
+        assert all(line.startswith((f"{command}: note: ", "wrote ")) for line in err), err
+    if fragment is None:
+        assert not any(": note: " in line and "ZipLine" not in line for line in err), err
+    else:
+        assert any(fragment in line for line in err), err
+
+
+def test_report_on_a_sweep_with_failed_members_reports_the_finished_ones(tmp_path, capsys):
+    from ebsp_mpi.cli import main
+
+    out = _sweep(tmp_path, {"bsp": 20.0, "asp": 40.0}, seeds=(0, 1, 2))
+    break_run(out / "asp-seed1", "null summary")   # crashed: traces, and a summary without a wall time
+    break_run(out / "bsp-seed2", "no directory")   # failed before it started
+    break_run(out / "asp-seed2", "no traces")      # finished, but its traces are gone
+    shutil.rmtree(out / "asp-seed2")               # ... and then the whole directory
+    assert main(["report", str(out), "--out", str(tmp_path / "report")]) == 1
+    err = capsys.readouterr().err.splitlines()
+    table = pd.read_csv(tmp_path / "report" / "summary.csv")
+    assert sorted(table["run"]) == ["asp-seed0", "asp-seed1", "bsp-seed0", "bsp-seed1"]  # all with traces
+    page = (tmp_path / "report" / "report.md").read_text()
+    assert "# Report of 4 run(s); 3 did not finish (see Problems)" in page
+    problems = page.split("## Problems")[1].split("## Summary")[0]
+    for member in ("asp-seed1", "bsp-seed2", "asp-seed2"):
+        assert member in problems
+        assert any(line.startswith("report: note: ") and member in line for line in err)
+    # the comparison inside the report: failed rows, and no ratio for seed 2 whose BSP run never ran
+    assert "| asp-seed1 | asp | 1 | failed: " in page and "Seed 2: the bsp run did not finish" in page
+
+
+@pytest.mark.parametrize("command", ["report", "compare", "timeline"])
+def test_an_output_path_that_is_a_file_is_one_line(tmp_path, capsys, command):
+    from ebsp_mpi.cli import main
+
+    src, _ = _runs(tmp_path, "sweep")
+    (tmp_path / "taken").write_text("not a directory")
+    assert main([command, str(src), *_output(command, tmp_path, "taken")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"ebsp_mpi: error: {_output(command, tmp_path, 'taken')[0]} "
+                                                   f"{tmp_path / 'taken'}: a file")
+    # and below a file: the directory cannot be made
+    assert main([command, str(src), *_output(command, tmp_path, "taken/sub")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"ebsp_mpi: error: cannot write {tmp_path / 'taken' / 'sub'}: Not a directory\n"
+    assert main(["timeline", str(src / "bsp-seed0"), "-o", str(tmp_path / "taken" / "t.json")]) == 2
+    assert capsys.readouterr().err == (f"ebsp_mpi: error: -o {tmp_path / 'taken' / 't.json'}: "
+                                       f"{tmp_path / 'taken'} is a file, not a directory\n")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only directory: permissions do not apply")
+@pytest.mark.parametrize("command", ["report", "compare", "timeline"])
+def test_a_read_only_output_directory_is_one_line(tmp_path, capsys, command):
+    from ebsp_mpi.cli import main
+
+    src, _ = _runs(tmp_path, "sweep")
+    (tmp_path / "ro").mkdir()
+    (tmp_path / "ro").chmod(0o500)
+    try:
+        assert main([command, str(src), *_output(command, tmp_path, "ro")]) == 2
+    finally:
+        (tmp_path / "ro").chmod(0o700)
+    assert capsys.readouterr().err == f"ebsp_mpi: error: cannot write {tmp_path / 'ro'}: Permission denied\n"
+    assert list((tmp_path / "ro").iterdir()) == []
+
+
+def _refuse_new_files(monkeypatch, where):
+    """Make the operating system refuse a new file in ``where`` as in a read-only directory; as root,
+    chmod does not, so the refusal is simulated where the command asks for it."""
+    real = tempfile.TemporaryFile
+
+    def refuse(*args, dir=None, **kwargs):
+        if dir is not None and Path(dir) == where:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(where))
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
+
+
+@pytest.mark.parametrize("command", ["report", "compare", "timeline"])
+def test_an_output_directory_that_refuses_files_is_one_line_before_any_work(tmp_path, capsys, monkeypatch,
+                                                                              command):
+    from ebsp_mpi.cli import main
+
+    src, _ = _runs(tmp_path, "sweep")
+    (tmp_path / "ro").mkdir()
+    _refuse_new_files(monkeypatch, tmp_path / "ro")
+    assert main([command, str(src), *_output(command, tmp_path, "ro")]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"ebsp_mpi: error: cannot write {tmp_path / 'ro'}: Permission denied\n"
+    assert captured.out == ""  # compare prints no table it then cannot write
+    assert list((tmp_path / "ro").iterdir()) == []
+
+
+@pytest.mark.parametrize("command, name", [("report", "compare.md"), ("compare", "compare.md"),
+                                           ("timeline", "bsp-seed0.json")])
+def test_a_write_that_fails_after_the_check_names_the_file(tmp_path, capsys, monkeypatch, command, name):
+    from ebsp_mpi.cli import main
+
+    src, _ = _runs(tmp_path, "sweep")
+    out = tmp_path / "out"
+    real = Path.write_text
+
+    def disk_full(self, *args, **kwargs):
+        if self.parent == out:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", disk_full)
+    assert main([command, str(src), *_output(command, tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err == f"ebsp_mpi: error: cannot write {out / name}: No space left on device\n"
 
 
 def test_report_without_the_analysis_extra_says_what_to_install(tmp_path):

@@ -12,15 +12,26 @@ handlers.
 
 This module imports the standard library only: :mod:`ebsp_mpi.cli` registers these parsers on every
 start, and ``train`` must run without the ``analysis`` extra (pandas, matplotlib). Each handler imports
-what it needs when it runs. Bad input raises :class:`~ebsp_mpi.errors.UsageError`, which
-:func:`ebsp_mpi.cli.main` prints as one line with exit code 2.
+what it needs when it runs.
+
+Exit codes, the same for the three commands: 0 when every run finished and was analysed; 1 when some
+run did not finish (a failed sweep member, a summary missing, unreadable or with a null wall time, no
+readable trace for ``timeline``), after the others were analysed and each failed one was named on a
+``<command>: note: ...`` line; 2 for input nothing can be made of (no run, no readable trace at all)
+and for an output location that cannot be written (a read-only directory, a file where a directory
+is needed): a :class:`~ebsp_mpi.errors.UsageError`, which :func:`ebsp_mpi.cli.main` prints as one line
+``ebsp_mpi: error: ...``. A file that cannot be read or written is named in that line, never a
+traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import UsageError
@@ -40,7 +51,8 @@ def _add_report(subparsers) -> None:
     p = subparsers.add_parser("report", help="summary tables, comparison and figures of runs or sweeps",
                               description="Report of one or more runs: summary table (Markdown, CSV), "
                                           "comparison and PNG figures, with report.md on one page. Needs "
-                                          f"the analysis extra ({INSTALL_ANALYSIS}).")
+                                          f"the analysis extra ({INSTALL_ANALYSIS}). Exit code 1 when a run "
+                                          "did not finish (it is listed under Problems).")
     _runs_arg(p, nargs="+")
     p.add_argument("--out", required=True, metavar="DIR", help="directory for the tables and figures")
     p.add_argument("--window", nargs=2, type=float, metavar=("START", "LENGTH"),
@@ -64,7 +76,8 @@ def _add_timeline(subparsers) -> None:
     p = subparsers.add_parser("timeline", help="a run's traces as Chrome Trace Event JSON for Perfetto",
                               description="A run's traces as Chrome Trace Event JSON, one track per rank, to "
                                           "open at https://ui.perfetto.dev or in chrome://tracing. On a "
-                                          "sweep (or a directory of runs), one <member>.json per run.")
+                                          "sweep (or a directory of runs), one <member>.json per run. Exit "
+                                          "code 1 when a run has no readable trace.")
     _runs_arg(p, nargs=None)
     p.add_argument("-o", "--output", required=True, metavar="PATH",
                    help="JSON file to write; for a sweep, the directory for one JSON file per run")
@@ -81,23 +94,33 @@ def _runs_arg(p: argparse.ArgumentParser, nargs) -> None:
 
 
 def run_report(args) -> int:
-    """Run ``report``: write the tables and figures into ``args.out`` and name each file; 0."""
+    """Run ``report``: write the tables and figures into ``args.out`` and name each file.
+
+    Returns
+    -------
+    int
+        0; 1 when a run did not finish (as ``compare``): the report holds the others, and report.md's
+        "Problems" and a ``report: note:`` line name each failed run.
+    """
     write_report = _import_write_report()
     from ..trace import TraceError
     from .runs import find_runs
 
-    find_runs(args.runs)  # a missing or empty directory fails here, before --out is created
-    window = tuple(args.window) if args.window else None
-    try:
-        written = write_report(args.runs, args.out, window=window)
-    except TraceError as err:  # no run with a readable trace: the input, not the code, is at fault
-        raise UsageError(str(err)) from None
+    out = Path(args.out)
+    with _file_errors(out):
+        find_runs(args.runs)  # a missing or empty directory fails here, before --out is created
+        writable_dir(out, "--out")
+        window = tuple(args.window) if args.window else None
+        try:
+            written = write_report(args.runs, out, window=window)
+        except TraceError as err:  # no run with a readable trace: the input, not the code, is at fault
+            raise UsageError(str(err)) from None
     for problem in written.problems:
         print(f"report: note: {problem}", file=sys.stderr)
     for name, title in written.titles.items():
         print(f"{written.out / name}: {title}")
     print(f"{written.out / 'report.md'}: the report on one page")
-    return 0
+    return 1 if written.unfinished else 0
 
 
 def _import_write_report():
@@ -116,20 +139,34 @@ def _import_write_report():
 
 
 def run_compare(args) -> int:
-    """Run ``compare``: print the comparison as Markdown; 0, or 1 when a run did not finish."""
+    """Run ``compare``: print the comparison as Markdown (and write it under ``--out``).
+
+    Returns
+    -------
+    int
+        0; 1 when a run did not finish (as ``report``): its row says "failed" and why, and a
+        ``compare: note:`` line names it.
+    """
     from . import compare as comparison
     from .runs import load_infos
 
-    infos = load_infos(args.runs)
-    try:
-        cmp = comparison.compare(infos, reference=args.reference)
-    except ValueError as err:  # --reference names no label of these runs
-        raise UsageError(str(err)) from None
-    sys.stdout.write(comparison.to_markdown(cmp))
-    if args.out:
-        for path in comparison.write(cmp, args.out):
-            print(f"wrote {path}", file=sys.stderr)
-    return 0 if all(r.info.finished for r in cmp.runs) else 1
+    out = Path(args.out) if args.out else None
+    with _file_errors(out):
+        infos = load_infos(args.runs)
+        if out is not None:
+            writable_dir(out, "--out")  # before the table is printed, not after
+        try:
+            cmp = comparison.compare(infos, reference=args.reference)
+        except ValueError as err:  # --reference names no label of these runs, or none that finished
+            raise UsageError(str(err)) from None
+        sys.stdout.write(comparison.to_markdown(cmp))
+        written = comparison.write(cmp, out) if out is not None else []
+    for path in written:
+        print(f"wrote {path}", file=sys.stderr)
+    unfinished = [r.info for r in cmp.runs if not r.info.finished]
+    for info in unfinished:
+        print(f"compare: note: {info.problem}", file=sys.stderr)
+    return 1 if unfinished else 0
 
 
 # -- timeline ------------------------------------------------------------------------------------
@@ -147,16 +184,21 @@ def run_timeline(args) -> int:
     from .runs import find_runs, is_run_dir
 
     source, output = Path(args.source), Path(args.output)
-    if is_run_dir(source):
-        if output.is_dir():
-            raise UsageError(f"-o {output}: a directory, but {source} is one run: give the JSON file's path")
-        _write_timeline(source, output)
-        return 0
-    runs = find_runs([source])
-    if output.exists() and not output.is_dir():
-        raise UsageError(f"-o {output}: a file, but {source} holds several runs: give a directory for "
-                         f"one JSON file per run")
-    return _write_timelines(runs, output)
+    with _file_errors(output):
+        if is_run_dir(source):
+            if output.is_dir():
+                raise UsageError(f"-o {output}: a directory, but {source} is one run: give the JSON file's path")
+            if output.parent.exists() and not output.parent.is_dir():
+                raise UsageError(f"-o {output}: {output.parent} is a file, not a directory")
+            writable_dir(output.parent, "-o")
+            _write_timeline(source, output)
+            return 0
+        runs = find_runs([source])
+        if output.exists() and not output.is_dir():
+            raise UsageError(f"-o {output}: a file, but {source} holds several runs: give a directory for "
+                             f"one JSON file per run")
+        writable_dir(output, "-o")
+        return _write_timelines(runs, output)
 
 
 def _write_timelines(runs: list[Path], out_dir: Path) -> int:
@@ -201,3 +243,55 @@ def _write_timeline(run: Path, path: Path) -> None:
     missing = doc["otherData"]["missing_ranks"]
     print(f"{path}: {len(doc['traceEvents'])} events, tracks for ranks {ranks}"
           + (f"; no readable trace for ranks {missing}" if missing else ""))
+
+
+# -- where the outputs go ------------------------------------------------------------------------
+
+
+def writable_dir(path: Path, option: str) -> Path:
+    """Create the output directory ``path`` if needed and check that a file can be made in it.
+
+    Checked before any run is read, so that an output location that cannot be written costs one
+    line, not a report's work and then a traceback.
+
+    Parameters
+    ----------
+    path : pathlib.Path
+    option : str
+        The option that named it (``--out``, ``-o``), for the message.
+
+    Raises
+    ------
+    UsageError
+        When ``path`` is a file, or cannot be created or written (read-only, another user's).
+    """
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{option} {path}: a file, but a directory is needed here")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        # permission bits, a read-only mount and ACLs all say no only when a file is made: make one
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as err:
+        raise UsageError(f"cannot write {path}: {err.strerror or err}") from None
+    return path
+
+
+def _inside(path: Path, root: Path) -> bool:
+    path, root = path.absolute(), root.absolute()
+    return path == root or root in path.parents
+
+
+@contextmanager
+def _file_errors(out: Path | None) -> Iterator[None]:
+    """Turn an operating-system error on a named file into one line naming it: ``cannot write`` for a
+    file under ``out`` (a disk that fills up after :func:`writable_dir`'s check), ``cannot read`` for
+    an input (a run directory this user may not list). An error without a file name is left alone."""
+    try:
+        yield
+    except OSError as err:
+        if not isinstance(err.filename, (str, Path)):  # no file named (None), or a descriptor
+            raise
+        name = Path(err.filename)
+        verb = "write" if out is not None and _inside(name, out) else "read"
+        raise UsageError(f"cannot {verb} {name}: {err.strerror or err}") from None

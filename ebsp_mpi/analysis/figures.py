@@ -156,8 +156,11 @@ def accuracy_vs_time(runs: Sequence[Run], cmp: Comparison, path: Path) -> str:
     ax.set_xlabel("wall time since the start of the run (s)")
     ax.set_ylabel("test accuracy (%)" + (f", axis from {floor:.0f}%" if floor > 100 * lowest else ""))
     ax.grid(alpha=0.3)
-    ax.legend(title="sync model" + ("\n(line: median over seeds,\nband: min–max)" if several else ""),
-              loc="lower right")
+    if any(curves.values()):
+        ax.legend(title="sync model" + ("\n(line: median over seeds,\nband: min–max)" if several else ""),
+                  loc="lower right")
+    else:  # the server's trace (rank 0) of every run is missing or damaged: say so on the empty axes
+        ax.text(0.5, 0.5, "no test evaluation in these runs' traces", transform=ax.transAxes, ha="center")
     return _save(fig, path, _accuracy_claim(cmp))
 
 

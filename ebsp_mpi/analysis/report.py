@@ -9,6 +9,11 @@
 - ``accuracy.png``, ``timeline.png``, ``wait.png``, ``iterations.png``, ``staleness.png`` and, when an
   ElasticBSP run is among them, ``zipline.png`` (:mod:`~ebsp_mpi.analysis.figures`);
 - ``report.md`` — all of it on one page, with each figure under its title.
+
+A run that did not finish (a failed sweep member: no directory, a summary missing, unreadable or with a
+null wall time) does not stop the report: it is a row marked "failed" in the comparison, never its
+reference, its traces (if any) still make its figures, and it is named under "Problems" and in
+:attr:`Report.unfinished`, for which the command exits 1 as ``compare`` does.
 """
 
 from __future__ import annotations
@@ -39,10 +44,25 @@ FIGURES = (
 
 @dataclass
 class Report:
+    """What :func:`write_report` wrote, and what it could not use.
+
+    Attributes
+    ----------
+    out : pathlib.Path
+    files : list of pathlib.Path
+    titles : dict of str to str
+        Figure file name to the title drawn on it.
+    problems : list of str
+        One sentence per thing missing or damaged, naming the file (report.md's "Problems").
+    unfinished : list of RunInfo
+        The runs that did not finish.
+    """
+
     out: Path
     files: list = field(default_factory=list)
-    titles: dict = field(default_factory=dict)   # figure file name -> title drawn on it
+    titles: dict = field(default_factory=dict)
     problems: list = field(default_factory=list)
+    unfinished: list = field(default_factory=list)
 
 
 def load_runs(paths: Iterable[str | os.PathLike]) -> tuple[list[Run], list, list[str]]:
@@ -115,7 +135,7 @@ def write_report(paths: Iterable[str | os.PathLike], out: str | os.PathLike,
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     runs, infos, problems = load_runs(paths)
-    report = Report(out=out, problems=problems)
+    report = Report(out=out, problems=problems, unfinished=[i for i in infos if not i.finished])
     cmp = compare.compare(infos)
     report.files += compare.write(cmp, out)
     if not runs:
@@ -153,7 +173,8 @@ def write_report(paths: Iterable[str | os.PathLike], out: str | os.PathLike,
 
 
 def _write_page(report: Report, table, cmp: compare.Comparison, zipline) -> Path:
-    lines = [f"# Report of {len(table)} run(s)", ""]
+    failed = f"; {len(report.unfinished)} did not finish (see Problems)" if report.unfinished else ""
+    lines = [f"# Report of {len(table)} run(s){failed}", ""]
     if report.problems:
         lines += ["## Problems", ""] + [f"- {p}" for p in report.problems] + [""]
     lines += ["## Summary", "", summary_markdown(table), ("Times in seconds on rank 0's clock; wait share: "
