@@ -14,6 +14,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 
@@ -635,6 +636,30 @@ def _run_without_summary(tmp_path):
     return tmp_path / "a"
 
 
+def _run_where(change):
+    """A single run whose trace files were changed by ``change(run)`` (by hand, or by another program)."""
+    def build(tmp_path):
+        make_run(tmp_path / "a", "asp", rounds=6)
+        change(tmp_path / "a")
+        return tmp_path / "a"
+    return build
+
+
+def _table_of_another_schema(run):
+    with h5py.File(trace_path(run, 2), "r+") as h5:
+        del h5["iterations"]
+        h5["iterations"] = np.arange(10)
+
+
+def _two_names_for_rank_1(run):
+    shutil.copy(trace_path(run, 2), run / "trace" / "rank-1.h5")
+
+
+def _world_size_a_word(run):
+    with h5py.File(trace_path(run, 0), "r+") as h5:
+        h5.attrs["world_size"] = "five"
+
+
 def _manifest(members_json):
     """A sweep whose manifest is replaced by ``members_json`` (None: names a member never run)."""
     def build(tmp_path):
@@ -681,6 +706,13 @@ BROKEN = [
     ("run without summary", _run_without_summary, "timeline", 0, None),
     *[("member never run", _manifest(None), cmd, 1, "ghost-seed0: missing") for cmd in ("report", "compare")],
     ("member never run", _manifest(None), "timeline", 1, "skipped"),
+    *[("table of another schema", _run_where(_table_of_another_schema), cmd, 0,
+       "rank-0002.h5: table 'iterations' is not one of this trace schema") for cmd in ("report", "timeline")],
+    *[("two names for one rank", _run_where(_two_names_for_rank_1), cmd, 0, "rank-1.h5: rank-0001.h5 is rank 1's")
+      for cmd in ("report", "timeline")],
+    *[("world size a word", _run_where(_world_size_a_word), cmd, 0, None) for cmd in ("report", "timeline")],
+    *[("sweep of no members", _manifest('{"members": []}'), cmd, 2, "sweep.json: names no members") for cmd in
+      ("report", "compare", "timeline")],
     *[("manifest not JSON", _manifest("{oops"), cmd, 2, "unreadable sweep manifest") for cmd in
       ("report", "compare", "timeline")],
     *[(f"manifest {text}", _manifest(text), cmd, 2, "not a sweep manifest") for cmd in ("report", "compare", "timeline")
@@ -731,6 +763,17 @@ def test_report_on_a_sweep_with_failed_members_reports_the_finished_ones(tmp_pat
         assert any(line.startswith("report: note: ") and member in line for line in err)
     # the comparison inside the report: failed rows, and no ratio for seed 2 whose BSP run never ran
     assert "| asp-seed1 | asp | 1 | failed: " in page and "Seed 2: the bsp run did not finish" in page
+
+
+@pytest.mark.parametrize("window", [["nan", "1"], ["0", "inf"], ["0", "0"], ["0", "-5"]])
+def test_a_window_of_no_finite_length_is_one_line(tmp_path, capsys, window):
+    from ebsp_mpi.cli import main
+
+    make_run(tmp_path / "a", "asp", rounds=6)
+    assert main(["report", str(tmp_path / "a"), "--out", str(tmp_path / "out"), "--window", *window]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("ebsp_mpi: error: --window ") and "LENGTH > 0" in err
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("command", ["report", "compare", "timeline"])

@@ -329,3 +329,29 @@ def test_read_summary_of_a_finished_run(tmp_path):
     (tmp_path / "summary.json").unlink()
     (tmp_path / "summary.json").mkdir()
     assert "summary.json: not a file" in read_summary(tmp_path)[1]
+
+
+def test_a_table_of_another_schema_makes_the_file_unreadable_by_name(tmp_path):
+    write_ranks(tmp_path, {0: "run-a", 1: "run-a"})
+    with h5py.File(trace_path(tmp_path, 1), "r+") as h5:  # a table of the same name but another layout
+        del h5["zipline"]
+        h5["zipline"] = np.arange(10)
+    with pytest.raises(TraceError, match=r"rank-0001.h5: table 'zipline' is not one of this trace schema"):
+        read_trace(trace_path(tmp_path, 1))
+    with pytest.warns(UserWarning, match="rank-0001.h5"):
+        assert sorted(read_run(tmp_path)) == [0]
+
+
+def test_two_names_for_one_rank_read_the_writers_name_only(tmp_path):
+    write_ranks(tmp_path, {0: "run-a", 1: "run-a", 2: "run-a"})
+    (tmp_path / "trace" / "rank-1.h5").write_bytes(trace_path(tmp_path, 2).read_bytes())
+    with pytest.warns(UserWarning, match=r"leaving out .*rank-1.h5: rank-0001.h5 is rank 1's file"):
+        traces = read_run(tmp_path)
+    assert traces[1].path.name == "rank-0001.h5" and traces[1].tables["zipline"]["t"][0] == 1.0
+
+
+@pytest.mark.parametrize("value, size", [(5, 5), ("five", 0), (True, 0), (-1, 0)])
+def test_world_size_is_an_integer_or_0(tmp_path, value, size):
+    with TraceWriter(trace_path(tmp_path, 0), {"rank": 0, "world_size": value}):
+        pass
+    assert read_trace(trace_path(tmp_path, 0)).world_size == size

@@ -27,6 +27,7 @@ traceback.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import tempfile
 import warnings
@@ -109,8 +110,8 @@ def run_report(args) -> int:
     out = Path(args.out)
     with _file_errors(out):
         find_runs(args.runs)  # a missing or empty directory fails here, before --out is created
+        window = _window(args.window)
         writable_dir(out, "--out")
-        window = tuple(args.window) if args.window else None
         try:
             written = write_report(args.runs, out, window=window)
         except TraceError as err:  # no run with a readable trace: the input, not the code, is at fault
@@ -121,6 +122,17 @@ def run_report(args) -> int:
         print(f"{written.out / name}: {title}")
     print(f"{written.out / 'report.md'}: the report on one page")
     return 1 if written.unfinished else 0
+
+
+def _window(values: list[float] | None) -> tuple[float, float] | None:
+    """``--window START LENGTH`` as a tuple, or a UsageError: matplotlib takes no NaN or infinite
+    limits, and a window of no length shows nothing."""
+    if values is None:
+        return None
+    start, length = values
+    if not (math.isfinite(start) and math.isfinite(length) and length > 0):
+        raise UsageError(f"--window {start:g} {length:g}: START and LENGTH are seconds, finite, and LENGTH > 0")
+    return start, length
 
 
 def _import_write_report():

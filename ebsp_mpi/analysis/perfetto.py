@@ -137,7 +137,7 @@ def trace_events(run_dir: str | os.PathLike) -> dict:
     ``otherData.missing_ranks`` lists them.
     """
     traces = read_run(run_dir)
-    world = max(int(t.attrs.get("world_size") or 0) for t in traces.values())
+    world = max(t.world_size for t in traces.values())
     server = traces.get(0)
     config = next((t.config for t in traces.values() if t.config), {})
     sync = (config.get("sync") or {}).get("model", "?")

@@ -84,7 +84,10 @@ def find_runs(paths: Iterable[str | os.PathLike]) -> list[Path]:
         if not path.exists():
             raise UsageError(f"{path}: no such directory (expected a run or sweep directory)")
         if is_sweep_dir(path):
-            found += sweep_members(path)
+            members = sweep_members(path)
+            if not members:
+                raise UsageError(f"{path / MANIFEST}: names no members (an empty sweep file?)")
+            found += members
         elif is_run_dir(path):
             found.append(path)
         elif path.is_dir():

@@ -80,7 +80,8 @@ class RunFrames:
 
     @property
     def world_size(self) -> int | None:
-        sizes = {a.get("world_size") for a in self.attrs.values()} - {None}
+        sizes = {a.get("world_size") for a in self.attrs.values()}
+        sizes = {n for n in sizes if isinstance(n, int) and not isinstance(n, bool) and n > 0}
         if sizes:
             return max(sizes)
         workers = self.summary.get("workers")
@@ -158,7 +159,7 @@ def _read_traces(run_dir: Path, problems: list) -> dict:
             traces = {}
     problems.extend(str(w.message) for w in caught)
     if traces:
-        world = max(int(t.attrs.get("world_size") or 0) for t in traces.values())
+        world = max(t.world_size for t in traces.values())
         missing = sorted(set(range(world)) - set(traces))
         if missing:
             problems.append(f"{run_dir / 'trace'}: no readable file for rank(s) "

@@ -66,6 +66,12 @@ class TraceFile:
     def role(self) -> str | None:
         return self.attrs.get("role")
 
+    @property
+    def world_size(self) -> int:
+        """Ranks of the run as this file records them; 0 when it does not say (as an integer)."""
+        size = self.attrs.get("world_size")
+        return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 0
+
     def table(self, name: str) -> np.ndarray:
         """Table ``name``, or an empty array of its schema dtype if the file has no rows of it."""
         if name in self.tables:
@@ -146,7 +152,22 @@ def read_trace(path: str | os.PathLike, *, live: bool = False) -> TraceFile:
         raise
     except (OSError, KeyError, ValueError, RuntimeError) as err:
         raise TraceError(f"cannot read trace file {path}: {err} (damaged file?)") from None
+    _check_tables(path, tables)
     return TraceFile(path=path, attrs=attrs, tables=tables)
+
+
+def _check_tables(path: Path, tables: dict[str, np.ndarray]) -> None:
+    """Raise :class:`TraceError` when a table of the schema lacks its fields: an HDF5 file of another
+    program (or a later schema) would otherwise fail deep in the analysis with a KeyError."""
+    for name, rows in tables.items():
+        expected = TABLES.get(name)
+        if expected is None:
+            continue  # not ours to read; left as it is
+        fields = rows.dtype.names or ()
+        missing = [f for f in expected.names if f not in fields]
+        if rows.ndim != 1 or missing:
+            raise TraceError(f"{path}: table {name!r} is not one of this trace schema (fields {list(fields)}, "
+                             f"shape {rows.shape}; expected one row per event with {list(expected.names)})")
 
 
 def read_run(run_dir: str | os.PathLike, *, live: bool = False) -> dict[int, TraceFile]:
@@ -171,11 +192,7 @@ def read_run(run_dir: str | os.PathLike, *, live: bool = False) -> dict[int, Tra
     trace_dir = run_dir / "trace"
     if not trace_dir.is_dir():
         raise TraceError(f"no trace directory in run {run_dir}: expected {trace_dir}")
-    files = sorted(
-        (int(m.group(1)), p)
-        for p in trace_dir.iterdir()
-        if (m := _RANK_FILE.match(p.name)) and p.is_file()
-    )
+    files = _rank_files(trace_dir)
     if not files:
         raise TraceError(f"no trace files (rank-NNNN.h5) in {trace_dir}")
     traces: dict[int, TraceFile] = {}
@@ -189,6 +206,24 @@ def read_run(run_dir: str | os.PathLike, *, live: bool = False) -> dict[int, Tra
     if not traces:
         raise TraceError(f"no readable trace file in {trace_dir}: " + "; ".join(errors))
     return _own_files(run_dir, traces)
+
+
+def _rank_files(trace_dir: Path) -> list[tuple[int, Path]]:
+    """(rank, path) of each rank file, by rank. Where two names give one rank (``rank-1.h5`` beside
+    ``rank-0001.h5``), the one the writer makes is read and the other left out with a warning: both
+    would otherwise be read as that rank, the last silently replacing the first."""
+    by_rank: dict[int, list[Path]] = {}
+    for p in sorted(trace_dir.iterdir()):
+        if (m := _RANK_FILE.match(p.name)) and p.is_file():
+            by_rank.setdefault(int(m.group(1)), []).append(p)
+    files = []
+    for rank, paths in sorted(by_rank.items()):
+        chosen = next((p for p in paths if p.name == f"rank-{rank:04d}.h5"), paths[0])
+        for other in paths:
+            if other != chosen:
+                warnings.warn(f"leaving out {other}: {chosen.name} is rank {rank}'s file", stacklevel=3)
+        files.append((rank, chosen))
+    return files
 
 
 def _expected_run_id(run_dir: Path, traces: dict[int, TraceFile]) -> tuple[str | None, str]:
