@@ -450,6 +450,23 @@ def test_perfetto_json_has_a_track_per_rank_and_complete_events(tmp_path):
     assert doc["otherData"]["missing_ranks"] == []
 
 
+def test_perfetto_json_of_a_diverged_run_is_strict_json(tmp_path):
+    make_run(tmp_path / "a", "bsp", rounds=6)
+    with h5py.File(trace_path(tmp_path / "a", 0), "r+") as h5:  # the model diverged: NaN loss and accuracy
+        evals = h5["evals"][()]
+        evals["test_acc"], evals["test_loss"] = np.nan, np.inf
+        h5["evals"][...] = evals
+    perfetto.write(tmp_path / "a", tmp_path / "t.json")
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    doc = json.loads((tmp_path / "t.json").read_text(), parse_constant=refuse)
+    evaluated = [e for e in doc["traceEvents"] if e["name"] == "evaluate"]
+    assert len(evaluated) == 7 and all(e["args"]["test_acc"] is None for e in evaluated)
+    assert not any(e["ph"] == "C" for e in doc["traceEvents"])  # no accuracy counter without a value
+
+
 def test_perfetto_names_a_missing_rank(tmp_path):
     make_run(tmp_path / "a", "asp")
     trace_path(tmp_path / "a", 2).unlink()

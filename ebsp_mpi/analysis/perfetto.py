@@ -18,6 +18,7 @@ Format: the JSON Object Format of the Trace Event Format (``{"traceEvents": [...
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 from pathlib import Path
@@ -56,6 +57,22 @@ def _instant(name: str, pid: int, tid: int, t: float, cat: str, scope: str = "t"
 def _py(row) -> dict:
     """A structured-array row as plain Python values (JSON needs no numpy scalars)."""
     return {name: row[name].item() for name in row.dtype.names}
+
+
+def _json_value(value):
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def _strict_json(events: list[dict]) -> list[dict]:
+    """The events with NaN and infinity as null: JSON has neither, Python writes them bare, and Perfetto
+    and chrome://tracing then reject the whole file (a diverged run's losses are NaN)."""
+    for event in events:
+        for key, value in event.items():
+            if key == "args":
+                event[key] = {k: _json_value(v) for k, v in value.items()}
+            else:
+                event[key] = _json_value(value)
+    return events
 
 
 def _worker_events(rank: int, iterations: np.ndarray, staleness: dict) -> list[dict]:
@@ -106,8 +123,9 @@ def _server_events(tables: dict, workers: int, sync: str) -> list[dict]:
     for r in map(_py, tables.get("evals", [])):
         events.append(_slice("evaluate", 0, TID_EVAL, r["t"], r["t"] + r["seconds"], "eval",
                              {"version": r["version"], "test_acc": r["test_acc"], "test_loss": r["test_loss"]}))
-        events.append({"ph": "C", "name": "test accuracy", "ts": r["t"] * US, "pid": 0, "tid": TID_EVAL,
-                       "args": {"test accuracy (%)": 100 * r["test_acc"]}})
+        if math.isfinite(r["test_acc"]):  # a counter sample needs a value
+            events.append({"ph": "C", "name": "test accuracy", "ts": r["t"] * US, "pid": 0, "tid": TID_EVAL,
+                           "args": {"test accuracy (%)": 100 * r["test_acc"]}})
     for r in map(_py, tables.get("zipline", [])):
         events.append(_slice("ZipLine", 0, TID_ZIPLINE, r["t"], r["t"] + r["seconds"], "zipline",
                              {"n": r["n"], "R": r["R"], "seconds": r["seconds"]}))
@@ -154,7 +172,7 @@ def trace_events(run_dir: str | os.PathLike) -> dict:
             events += _worker_events(rank, trace.table("iterations"), staleness)
     # parents before the slices nested in them: by start time, longer first
     events.sort(key=lambda e: (e["ts"], -e.get("dur", 0.0)))
-    return {"traceEvents": events, "displayTimeUnit": "ms",
+    return {"traceEvents": _strict_json(events), "displayTimeUnit": "ms",
             "otherData": {"run": str(run_dir), "sync": sync, "world_size": world,
                           "missing_ranks": sorted(set(range(world)) - set(traces)),
                           "clock": "seconds since the run start on rank 0's clock, as microseconds"}}
