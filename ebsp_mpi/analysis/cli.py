@@ -165,12 +165,12 @@ def run_compare(args) -> int:
     out = Path(args.out) if args.out else None
     with _file_errors(out):
         infos = load_infos(args.runs)
-        if out is not None:
-            writable_dir(out, "--out")  # before the table is printed, not after
         try:
             cmp = comparison.compare(infos, reference=args.reference)
         except ValueError as err:  # --reference names no label of these runs, or none that finished
             raise UsageError(str(err)) from None
+        if out is not None:
+            writable_dir(out, "--out")  # before the table is printed, not after
         sys.stdout.write(comparison.to_markdown(cmp))
         written = comparison.write(cmp, out) if out is not None else []
     for path in written:
