@@ -59,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train a job (under mpiexec: rank 0 serves, the rest are workers)")
     _job_args(train)
     train.add_argument("--out", metavar="DIR", help="run directory (default runs/<name>-<timestamp>)")
+    train.add_argument("--resume", metavar="DIR",
+                       help="continue the run in DIR from its checkpoint.h5 (its own job; JOB and --set may "
+                            "change only stop.* and checkpoint.*)")
     train.set_defaults(run=_train)
 
     config = sub.add_parser("config", help="print the resolved job as TOML (the embedded default without JOB)")
@@ -89,24 +92,46 @@ def _config(args) -> int:
     return 0
 
 
+def _resumed_job(args, world_size: int):
+    """The job of the run that ``--resume DIR`` continues, and its workers (those of the checkpoint)."""
+    from .checkpoint import resume_job
+
+    if args.out:
+        raise UsageError("--resume DIR continues the run in DIR: give no --out")
+    job, ckpt = resume_job(args.resume, args.job, args.overrides)
+    workers = check_workers(job, world_size)
+    if workers != len(ckpt.iterations):
+        raise UsageError(f"--resume {args.resume}: the run had {len(ckpt.iterations)} workers, this launch has "
+                         f"{workers}; launch it as it was (world size {len(ckpt.iterations) + 1} under MPI)")
+    return job, workers
+
+
 def _train(args) -> int:
     from .runtime.env import world_size_from_env
     from .runtime.faults import FAULT_ENV, parse_fault
 
-    job = load_job(args.job, args.overrides)
     world_size = world_size_from_env()
-    workers = check_workers(job, world_size)
+    if args.resume:
+        job, workers = _resumed_job(args, world_size)
+    else:
+        job = load_job(args.job, args.overrides)
+        workers = check_workers(job, world_size)
     parse_fault(os.environ.get(FAULT_ENV, ""), world_size)  # a bad value is one line here, not a rank's crash
+    out = args.resume or args.out
     if world_size > 1:
         from .runtime.launch import run_mpi
 
-        return run_mpi(job, args.out, show_progress=not args.quiet)
+        return run_mpi(job, out, show_progress=not args.quiet, resume=bool(args.resume))
 
     from . import local
-    from .outputs import describe_run, make_run_dir, training_failed
+    from .outputs import describe_run, make_run_dir, remove_if_unused, training_failed
 
-    run_dir = make_run_dir(args.out, job.name)
-    summary = local.train(job, run_dir, workers, show_progress=not args.quiet)
+    run_dir = make_run_dir(out, job.name, resume=bool(args.resume))
+    try:
+        summary = local.train(job, run_dir, workers, show_progress=not args.quiet, resume=bool(args.resume))
+    except UsageError:
+        remove_if_unused(run_dir)  # bad input found while setting up: leave no empty run behind
+        raise
     print(describe_run(summary, run_dir))
     failed = training_failed(summary)
     if failed:

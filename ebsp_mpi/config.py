@@ -1,7 +1,7 @@
 """The job schema: dataclasses, TOML loading, ``--set key=value`` overrides and validation.
 
 A job is a TOML file whose tables mirror the dataclasses below (``[model]``, ``[data]``, ``[optim]``,
-``[sync]``, ``[stop]``, ``[eval]``, ``[straggler]``, ``[runtime]``, ``[trace]``); every key can be
+``[sync]``, ``[stop]``, ``[eval]``, ``[straggler]``, ``[runtime]``, ``[trace]``, ``[checkpoint]``); every key can be
 overridden with ``--set section.key=value``. Every value is checked against its field's type and
 range, and an error names the key, the value and what is allowed (:class:`ConfigError`).
 
@@ -141,6 +141,12 @@ class TraceConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    every_seconds: float = _opt(0.0, "write DIR/checkpoint.h5 at least this often (seconds; 0: only at the end of "
+                                     "the run and on SIGTERM); resume with train --resume DIR", min=0.0)
+
+
+@dataclass
 class JobConfig:
     name: str = _opt("default", "run name (the default output directory is runs/<name>-<timestamp>)")
     seed: int = _opt(0, "seed of initialisation, data split, shuffling and stragglers", min=0)
@@ -155,6 +161,7 @@ class JobConfig:
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
 
 PHASE_KEYS = {"worker": int, "t1": float, "t2": float, "factor": float}
@@ -174,9 +181,23 @@ def load_job(path: str | None = None, overrides: typing.Sequence[str] = ()) -> J
     job = JobConfig()
     if path is not None:
         apply_file(job, Path(path))
+    return apply_overrides(job, overrides)
+
+
+def apply_overrides(job: JobConfig, overrides: typing.Sequence[str]) -> JobConfig:
+    """Set each ``key=value`` of `overrides` on `job`, in order, then check the keys that depend on each
+    other; returns `job`."""
     for item in overrides:
         key, value = _split_override(item)
         set_value(job, key, value, source="--set")
+    validate(job)
+    return job
+
+
+def job_from_dict(mapping: dict, source: str) -> JobConfig:
+    """The job a resolved job's plain data (:func:`to_dict`, as stored in a run's outputs) describes."""
+    job = JobConfig()
+    apply_mapping(job, mapping, source)
     validate(job)
     return job
 

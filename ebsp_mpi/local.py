@@ -9,6 +9,7 @@ optimizer step. It is the oracle that BSP over MPI must match (DESIGN.md, "Synch
 from __future__ import annotations
 
 import logging
+import signal
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import numpy as np
 
 from . import build
 from .backend import resolve_backend
+from .checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from .config import JobConfig, to_dict
 from .nn.average import round_mean
 from .outputs import AccuracyTargets, build_summary, write_model, write_summary
@@ -24,8 +26,11 @@ from .progress import Progress
 log = logging.getLogger(__name__)
 
 
-def train(job: JobConfig, run_dir: Path, workers: int, show_progress: bool = True) -> dict:
+def train(job: JobConfig, run_dir: Path, workers: int, show_progress: bool = True, resume: bool = False) -> dict:
     """Train until a stop condition; write ``summary.json`` and ``model.h5`` into `run_dir`.
+
+    Checkpoints go to ``run_dir/checkpoint.h5`` every ``checkpoint.every_seconds``, at the end, and on
+    SIGTERM (which ends the run there). With `resume`, the run continues from that checkpoint.
 
     Returns
     -------
@@ -49,12 +54,37 @@ def train(job: JobConfig, run_dir: Path, workers: int, show_progress: bool = Tru
     log.info("training %s on %s (%d train / %d test samples), %d parameters, %d worker(s), backend %s",
              job.model.kind, ds.name, len(ds.y_train), len(ds.y_test), space.size, workers, backend.describe())
 
-    progress = Progress(limit, enabled=show_progress)
-    t0 = time.perf_counter()
-    next_eval = job.eval.every_seconds
     step, loss, test_acc, evals = 0, float("nan"), None, []
     compute = np.zeros(workers)  # seconds of forward + backward per worker
-    while not _should_stop(job, step, limit, time.perf_counter() - t0):
+    resumed_at = 0.0
+    if resume:
+        ckpt = read_checkpoint(run_dir)
+        space.data[...] = xp.asarray(ckpt.params)
+        opt.velocity[...] = xp.asarray(ckpt.velocity)
+        step, resumed_at, evals = ckpt.version, ckpt.run_seconds, list(ckpt.evals)
+        loss = float(np.mean(ckpt.totals["last_loss"]))
+        compute[...] = ckpt.totals["compute_s"]
+        targets.reached.update(ckpt.reached)
+        for stream in streams:
+            stream.seek(step)
+        log.info("resumed from the checkpoint at %.1f s, step %d", resumed_at, step)
+
+    def checkpoint(t: float) -> None:
+        write_checkpoint(run_dir, Checkpoint(
+            params=backend.to_host(space.data), velocity=backend.to_host(opt.velocity), version=step, run_seconds=t,
+            iterations=np.full(workers, step),
+            totals={"compute_s": compute, "wait_s": np.zeros(workers), "injected_delay_s": np.zeros(workers),
+                    "last_loss": np.full(workers, loss)},
+            evals=evals, reached=targets.reached, config=to_dict(job)))
+
+    terminate = []
+    previous_handler = signal.signal(signal.SIGTERM, lambda signum, frame: terminate.append(True))
+    progress = Progress(limit, enabled=show_progress)
+    t0 = time.perf_counter() - resumed_at  # a resumed run's clock goes on from its checkpoint
+    next_eval = resumed_at + job.eval.every_seconds
+    every = job.checkpoint.every_seconds
+    next_checkpoint = resumed_at + every if every else np.inf
+    while not (terminate or _should_stop(job, step, limit, time.perf_counter() - t0)):
         losses = []
         for w, stream in enumerate(streams):
             idx = stream.next_indices()
@@ -72,12 +102,19 @@ def train(job: JobConfig, run_dir: Path, workers: int, show_progress: bool = Tru
             evals.append((elapsed, step, test_loss, test_acc))
             targets.observe(elapsed, test_acc)
             next_eval = elapsed + job.eval.every_seconds
+        if elapsed >= next_checkpoint:
+            checkpoint(elapsed)
+            next_checkpoint = elapsed + every
         progress.update(step, loss=loss, test_acc=test_acc, epoch=round(streams[0].epochs_done, 2))
     wall = time.perf_counter() - t0
+    signal.signal(signal.SIGTERM, previous_handler)
+    if terminate:
+        log.warning("SIGTERM: stopped at step %d, after a checkpoint", step)
 
     test_loss, test_acc = model.evaluate(x_eval, y_eval, batch_size=job.eval.batch_size)
     targets.observe(wall, test_acc)
     evals.append((wall, step, test_loss, test_acc))
+    checkpoint(wall)  # the end, or where SIGTERM stopped it: a longer run can go on from here
     progress.close(step, loss=loss, test_acc=test_acc, epoch=round(streams[0].epochs_done, 2))
 
     summary = build_summary(

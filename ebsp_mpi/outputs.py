@@ -26,12 +26,13 @@ LOCK_FILE = ".lock"
 _held_locks: list = []  # open lock files: the kernel drops a lock when its process ends, however
 
 
-def make_run_dir(out: str | None, name: str) -> Path:
+def make_run_dir(out: str | None, name: str, resume: bool = False) -> Path:
     """``out`` if given, else ``runs/<name>-<UTC timestamp>``; created, never overwritten silently.
 
     The run holds an exclusive lock on ``DIR/.lock`` (``flock``) for as long as its process lives, so
     a second run given the same directory at the same time is refused, not interleaved with the first;
-    an existing directory that holds anything else is refused so that no earlier run's files are lost.
+    an existing directory that holds anything else is refused so that no earlier run's files are lost,
+    unless the run `resume`s the run that wrote them (``train --resume DIR``).
 
     Raises
     ------
@@ -42,6 +43,8 @@ def make_run_dir(out: str | None, name: str) -> Path:
         file system).
     """
     path = Path(out) if out else Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    if resume and not path.is_dir():
+        raise UsageError(f"--resume {path}: not a run directory")
     if path.exists() and not path.is_dir():
         raise UsageError(f"--out {path}: exists and is not a directory")
     try:
@@ -51,9 +54,18 @@ def make_run_dir(out: str | None, name: str) -> Path:
         raise
     except OSError as e:
         raise UsageError(f"--out {path}: cannot create or write the run directory: {e.strerror or e}") from None
-    if any(p.name != LOCK_FILE for p in path.iterdir()):
+    if not resume and any(p.name != LOCK_FILE for p in path.iterdir()):
         raise FileExistsError(f"output directory {path} exists and is not empty; choose another --out")
     return path
+
+
+def remove_if_unused(run_dir: Path) -> None:
+    """Remove `run_dir` if it holds nothing but its lock file: a run that failed in its set-up (a bad
+    dataset file, say) leaves no empty directory behind for the next run to trip over."""
+    with contextlib.suppress(OSError):
+        if {p.name for p in run_dir.iterdir()} <= {LOCK_FILE}:
+            (run_dir / LOCK_FILE).unlink(missing_ok=True)
+            run_dir.rmdir()
 
 
 def _lock(run_dir: Path) -> None:
@@ -176,13 +188,13 @@ def write_summary(run_dir: Path, summary: dict) -> Path:
     a float that is not finite is written as null."""
     path = run_dir / "summary.json"
     text = json.dumps(_strict(summary), indent=2, default=_jsonable, allow_nan=False) + "\n"
-    with _atomic(path) as tmp:
+    with atomic_path(path) as tmp:
         tmp.write_text(text)
     return path
 
 
 @contextlib.contextmanager
-def _atomic(path: Path):
+def atomic_path(path: Path):
     """Yield a temporary path beside `path`, then rename it to `path`; on any failure remove it and
     raise :class:`OutputError` for an OSError (a full disk, a quota), so that nothing half-written
     stays and the user reads one line."""
@@ -221,7 +233,7 @@ def write_model(run_dir: Path, tensors: dict[str, np.ndarray], *, version: int, 
                 attrs: dict | None = None) -> Path:
     """``model.h5``: one dataset per named tensor; attributes ``version`` and ``step`` (and `attrs`)."""
     path = run_dir / "model.h5"
-    with _atomic(path) as tmp, h5py.File(tmp, "w") as f:
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
         for name, array in tensors.items():
             f.create_dataset(name, data=np.asarray(array))
         f.attrs["version"] = int(version)

@@ -13,12 +13,13 @@ from ebsp_mpi.runtime.worker import _chunks_of_tensors
 
 def test_headers_are_written_and_read_by_field_name():
     head = header(PUSH_FIELDS)
-    pack(head, PUSH_FIELDS, epoch=1.5, loss=0.25, iteration=7, version=3, injected_delay_s=0.01)
+    pack(head, PUSH_FIELDS, epoch=1.5, loss=0.25, iteration=7, version=3, injected_delay_s=0.01, compute_s=0.5,
+         wait_s=0.25)
     assert (head[PUSH.iteration], head[PUSH.version], head[PUSH.loss]) == (7, 3, 0.25)
     assert (head[PUSH.injected_delay_s], head[PUSH.epoch]) == (0.01, 1.5)
     reply = header(PULL_FIELDS)
-    pack(reply, PULL_FIELDS, stop=1.0, version=9)
-    assert (reply[PULL.version], reply[PULL.stop]) == (9, 1.0)
+    pack(reply, PULL_FIELDS, stop=1.0, flush=0.0, version=9)
+    assert (reply[PULL.version], reply[PULL.stop], reply[PULL.flush]) == (9, 1.0, 0.0)
 
 
 def test_a_missing_or_unknown_header_field_is_an_error():
@@ -26,7 +27,7 @@ def test_a_missing_or_unknown_header_field_is_an_error():
     with pytest.raises(ValueError, match="expected exactly"):
         pack(head, PULL_FIELDS, version=1)
     with pytest.raises(ValueError, match="expected exactly"):
-        pack(head, PULL_FIELDS, version=1, stop=0.0, loss=2.0)
+        pack(head, PULL_FIELDS, version=1, stop=0.0, flush=0.0, loss=2.0)
 
 
 def test_field_positions_follow_the_fields_whatever_their_order():

@@ -196,3 +196,12 @@ def test_a_full_disk_leaves_no_temporary_file_and_prints_one_line(ranks, tmp_pat
     assert "cannot write" in p.stderr and "File too large" in p.stderr, p.stderr[-3000:]
     assert p.stderr.count("ebsp_mpi:") == 1, p.stderr[-3000:]
     assert not list((tmp_path / "run").rglob("*.tmp"))
+
+
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_a_run_refused_in_its_set_up_leaves_no_empty_run_directory(ranks, tmp_path):
+    out = tmp_path / "run"
+    bad = ["data.name=hdf5", f"data.path={tmp_path / 'missing.h5'}", *SHORT]
+    p = local(out, *bad) if ranks == 1 else train(ranks, out, *bad, timeout=60)
+    assert p.returncode == 2 and "missing.h5" in p.stderr, p.stderr
+    assert not out.exists()

@@ -5,8 +5,10 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -106,3 +108,51 @@ def test_gpu_binding(procid, localid, nodeid, visible, expected):
                        capture_output=True, text=True, env=env, timeout=30)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == repr(expected)
+
+
+def _fake_slurm(tmp_path: Path) -> dict:
+    """A PATH with an `srun` that records its arguments and stops on SIGTERM as the ranks do (writing
+    a checkpoint), and an `scontrol` that records what it is asked."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/bash\necho "$@" > "$LOG/srun.args"\n'
+                                  'trap \'touch "$OUT/checkpoint.h5"; echo TERM >> "$LOG/srun.args"; exit 0\' TERM\n'
+                                  'for _ in $(seq 100); do sleep 0.1; done\n')
+    (bin_dir / "scontrol").write_text('#!/bin/bash\necho "$@" >> "$LOG/scontrol"\n')
+    for tool in ("srun", "scontrol"):
+        (bin_dir / tool).chmod(0o755)
+    (tmp_path / "out").mkdir()
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "LOG": str(tmp_path),
+            "OUT": str(tmp_path / "out"), "SLURM_JOB_ID": "42"}
+
+
+@needs_bash
+def test_train_script_checkpoints_and_requeues_near_the_time_limit_then_resumes(tmp_path):
+    """USR1 (Slurm's --signal=B:USR1@180) makes the script send SIGTERM to the step (the ranks write a
+    checkpoint and stop), then requeue the job; started again, it resumes from the checkpoint."""
+    text = (SLURM / "train.sbatch").read_text()
+    opts = sbatch_options(text)
+    assert opts["signal"].startswith("B:USR1@") and "#SBATCH --requeue" in text
+    env = _fake_slurm(tmp_path)
+    script = subprocess.Popen([BASH, str(SLURM / "train.sbatch"), "jobs/digits-mlp.toml"], cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    args = tmp_path / "srun.args"
+    for _ in range(100):
+        if args.exists():
+            break
+        time.sleep(0.05)
+    assert "train jobs/digits-mlp.toml --out" in args.read_text()
+    script.send_signal(signal.SIGUSR1)
+    out, err = script.communicate(timeout=30)
+    assert script.returncode == 0, err
+    assert "TERM" in args.read_text() and (tmp_path / "scontrol").read_text().split() == ["requeue", "42"]
+
+    again = subprocess.Popen([BASH, str(SLURM / "train.sbatch"), "jobs/digits-mlp.toml"], cwd=REPO, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    for _ in range(100):
+        if "--resume" in args.read_text():
+            break
+        time.sleep(0.05)
+    os.killpg(again.pid, signal.SIGKILL)  # the script and its fake srun
+    again.communicate()
+    assert f"train --resume {tmp_path / 'out'}" in args.read_text()

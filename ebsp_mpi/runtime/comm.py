@@ -146,6 +146,7 @@ def setup(base: MPI.Comm | None = None) -> Context:
     server with fewer workers than there are ranks by passing a part of the world.
     """
     _survive_peer_failure_notices()
+    _note_termination_requests()
     comm = (MPI.COMM_WORLD if base is None else base).Dup()
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
     ctx = Context(comm=comm, rank=comm.Get_rank(), size=comm.Get_size(), local_rank=local.Get_rank())
@@ -162,6 +163,21 @@ def _cpus() -> set[int]:
     if hasattr(os, "sched_getaffinity"):
         return set(os.sched_getaffinity(0))
     return set(range(os.cpu_count() or 1))
+
+
+_terminate = []  # holds True once SIGTERM has come
+
+
+def _note_termination_requests() -> None:
+    """Take SIGTERM as a request to stop cleanly rather than die: Slurm sends it to every task before a
+    time limit or a preemption (``--signal``). The server then checkpoints and stops the workers at
+    their next pull (:func:`terminate_requested`); a worker goes on until the server stops it."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: _terminate.append(True))
+
+
+def terminate_requested() -> bool:
+    """SIGTERM has come to this process."""
+    return bool(_terminate)
 
 
 class PeerFailure(JobFailure):
@@ -245,14 +261,16 @@ def _measure_clock_offset(comm: MPI.Comm) -> float:
     return offset
 
 
-def open_rank_trace(ctx: Context, job, run_dir, *, role: str, backend: str, device: str):
+def open_rank_trace(ctx: Context, job, run_dir, *, role: str, backend: str, device: str, append: bool = False):
     """This rank's trace file in `run_dir`, with the root attributes every rank writes (DESIGN.md,
     "Run outputs"): run id, rank, role, world size, host, pid, backend, device, MPI library, package
-    version, the resolved job and the clock offset to rank 0."""
+    version, the resolved job and the clock offset to rank 0. With `append` (a resumed run), the
+    rank's file is continued."""
     attrs = dict(run_id=run_dir.name, rank=ctx.rank, role=role, world_size=ctx.size, host=ctx.host, pid=os.getpid(),
                  backend=backend, device=device, mpi_library=mpi_library(), package_version=__version__,
                  config=to_dict(job), clock_offset_s=ctx.clock_offset)
-    return open_trace(run_dir, ctx.rank, attrs, enabled=job.trace.enabled, flush_seconds=job.trace.flush_seconds)
+    return open_trace(run_dir, ctx.rank, attrs, enabled=job.trace.enabled, flush_seconds=job.trace.flush_seconds,
+                      append=append)
 
 
 def mpi_library() -> str:

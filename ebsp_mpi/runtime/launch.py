@@ -16,6 +16,7 @@ Failure handling (DESIGN.md, "Launch and failure"):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -24,16 +25,18 @@ from pathlib import Path
 
 import numpy as np
 
+from ..checkpoint import Checkpoint, read_checkpoint
 from ..config import JobConfig
 from ..errors import UsageError
-from ..outputs import describe_run, make_run_dir, training_failed
+from ..outputs import describe_run, make_run_dir, remove_if_unused, training_failed
 from . import comm as mpi
 
 log = logging.getLogger(__name__)
 
 
-def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True) -> int:
-    """Run this rank's part of the job; returns the process exit code."""
+def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True, resume: bool = False) -> int:
+    """Run this rank's part of the job; returns the process exit code. With `resume`, `out` is the run
+    directory of a run to continue from its checkpoint."""
     ctx = mpi.setup()
     if ctx.rank != 0:
         logging.getLogger().setLevel(logging.WARNING)
@@ -44,17 +47,19 @@ def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True) -> int:
     if ctx.rank == 0:
         log.info("ranks: %s", ", ".join(f"{r} ({'server' if r == 0 else f'worker {r - 1}'}) pid {pid} on {host}"
                                         for r, (host, pid) in enumerate(procs)))
-    role, error = None, None
+    role, error, resumed_at, run_dir = None, None, 0.0, None
     try:
-        run_dir = _run_dir(ctx, job, out)
+        run_dir, ckpt = _run_dir(ctx, job, out, resume)
+        if ckpt is not None:
+            resumed_at = ckpt.run_seconds
         if ctx.rank == 0:
             from .server import Server
 
-            role = Server(ctx, job, run_dir, show_progress=show_progress)
+            role = Server(ctx, job, run_dir, show_progress=show_progress, resume=ckpt)
         else:
             from .worker import Worker
 
-            role = Worker(ctx, job, run_dir)
+            role = Worker(ctx, job, run_dir, start_iteration=0 if ckpt is None else int(ckpt.iterations[ctx.rank - 1]))
     except Exception as e:  # noqa: BLE001 - every rank reports its set-up outcome, whatever it was
         error = (2, f"{e}") if isinstance(e, (UsageError, FileExistsError)) else \
             (1, f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
@@ -65,6 +70,8 @@ def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True) -> int:
         mpi.abort(ctx, e)
     if codes.any():
         errors = ctx.comm.gather(error, root=0)  # every rank is alive: each has sent its code
+        if ctx.rank == 0 and not resume and run_dir is not None:
+            remove_if_unused(run_dir)  # leave no empty run behind
         if ctx.rank == 0:
             rank, (_, text) = next((r, e) for r, e in enumerate(errors) if e is not None)
             where = "server" if rank == 0 else f"worker {rank - 1}"
@@ -73,6 +80,7 @@ def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True) -> int:
 
     try:
         mpi.restart_clock(ctx)
+        ctx.t0 -= resumed_at  # a resumed run's clock goes on from its checkpoint
         summary = role.run()  # a worker's ends by sending its statistics to the server
         # the ranks part together; a rank that stops answering now is named instead of waited for
         others = "a worker" if ctx.rank == 0 else "the server (rank 0)"
@@ -90,16 +98,20 @@ def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True) -> int:
     return 0
 
 
-def _run_dir(ctx, job: JobConfig, out: str | None) -> Path:
-    """Rank 0 creates the run directory (refusing a non-empty or unwritable one); every rank learns its
-    path, or the reason there is none (so that no rank waits for a path that never comes)."""
-    path, error = None, None
+def _run_dir(ctx, job: JobConfig, out: str | None, resume: bool) -> tuple[Path, Checkpoint | None]:
+    """Rank 0 creates the run directory (refusing a non-empty or unwritable one), or with `resume`
+    takes the existing one and reads its checkpoint; every rank learns the path and the checkpoint's
+    clock and counts (rank 0 keeps its arrays), or the reason there is none (so that no rank waits for
+    a path that never comes)."""
+    path, error, ckpt = None, None, None
     if ctx.rank == 0:
         try:
-            path = str(make_run_dir(out, job.name))
+            path = str(make_run_dir(out, job.name, resume=resume))
+            ckpt = read_checkpoint(path) if resume else None
         except (FileExistsError, UsageError) as e:
             error = str(e)
-    path, error = ctx.comm.bcast((path, error), root=0)
+    meta = None if ckpt is None else dataclasses.replace(ckpt, params=None, velocity=None)
+    path, error, meta = ctx.comm.bcast((path, error, meta), root=0)
     if error:
         raise UsageError(error)
-    return Path(path)
+    return Path(path), (ckpt if ctx.rank == 0 else meta)

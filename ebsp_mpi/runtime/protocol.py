@@ -40,10 +40,14 @@ ALIVE_TAG = 5  # the server to a worker whose pull it holds: it still lives (no 
 CHUNK_TAG0 = 100
 
 #: push header: iteration (0-based index of this worker's iteration), the model version the gradient was
-#: computed from, the minibatch loss, the injected straggler delay (s), epochs of its shard done
-PUSH_FIELDS = ("iteration", "version", "loss", "injected_delay_s", "epoch")
-#: pull reply header: the model version of the weights that follow, 1 when the worker must stop
-PULL_FIELDS = ("version", "stop")
+#: computed from, the minibatch loss, the injected straggler delay (s), epochs of its shard done, the
+#: seconds of forward + backward, and the seconds the worker waited for the weights it used (the server
+#: sums these three per worker, so that a checkpoint knows them)
+PUSH_FIELDS = ("iteration", "version", "loss", "injected_delay_s", "epoch", "compute_s", "wait_s")
+#: pull reply header: the model version of the weights that follow, 1 when the worker must stop, 1 when
+#: the worker should flush its trace (the server has written a checkpoint: what a resumed run keeps of
+#: the traces is what was flushed before it)
+PULL_FIELDS = ("version", "stop", "flush")
 
 
 def field_index(fields: tuple[str, ...]):

@@ -19,13 +19,15 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import build
+from ..checkpoint import LAST_LOSS, TOTALS, Checkpoint, write_checkpoint
 from ..config import JobConfig, to_dict
+from ..errors import UsageError
 from ..nn.average import round_mean
 from ..nn.kernels import all_finite
 from ..outputs import AccuracyTargets, build_summary, write_model, write_summary
 from ..progress import Progress
 from ..sync.registry import make_policy
-from .comm import Context, StallError, mpi_library, open_rank_trace, wait_all
+from .comm import Context, StallError, mpi_library, open_rank_trace, terminate_requested, wait_all
 from .evaluator import Evaluator
 from .faults import fault_for
 from .protocol import (ALIVE_TAG, PULL_FIELDS, PULL_TAG, PUSH, PUSH_FIELDS, PUSH_TAG, STATS_TAG, ProtocolError, header,
@@ -58,7 +60,8 @@ class _PendingReply:
 class Server:
     """Serve one training run; :meth:`run` returns the summary (also written to ``summary.json``)."""
 
-    def __init__(self, ctx: Context, job: JobConfig, run_dir, show_progress: bool = True):
+    def __init__(self, ctx: Context, job: JobConfig, run_dir, show_progress: bool = True,
+                 resume: Checkpoint | None = None):
         self.ctx, self.job, self.run_dir = ctx, job, run_dir
         n = self.n = ctx.workers
         self.ds = build.dataset(job)
@@ -109,8 +112,18 @@ class Server:
         self.free_snapshots: list[np.ndarray] = []
         self.last_loss = np.full(n, np.nan)
         self.stats: list[dict | None] = [None] * n  # what each worker reports once it has stopped
-        self.trace = open_rank_trace(ctx, job, run_dir, role="server", backend="numpy", device="cpu")
+        # per worker, seconds of compute, waiting and injected delay of its pushes taken in (from their
+        # headers), for checkpoints; and what a resumed run had done before this process started
+        self.totals = {name: np.zeros(n) for name in TOTALS}
+        self.resumed_totals = {name: np.zeros(n) for name in TOTALS}
+        self.stopping = False  # SIGTERM: checkpoint, then stop every worker at its next pull
+        self.flush_asked = np.zeros(n, dtype=bool)  # a checkpoint was written: flush your trace
+        self.next_checkpoint = job.checkpoint.every_seconds or np.inf
+        self.trace = open_rank_trace(ctx, job, run_dir, role="server", backend="numpy", device="cpu",
+                                     append=resume is not None)
         self.fault = fault_for(0, ctx.size)  # EBSP_INJECT_FAULT, to test the failure paths
+        if resume is not None:
+            self._restore(resume)
         total = sum(self.limits) if all(lim is not None for lim in self.limits) else None
         self.progress = Progress(total, enabled=show_progress)
 
@@ -125,9 +138,10 @@ class Server:
         self.last_heard[:] = t
         self.last_told[:] = t
         self.pull_requested[:] = t
+        self.next_checkpoint += t  # a resumed run's clock goes on from its checkpoint
         self._decide(self.policy.start(t), t)
         next_housekeeping = 0.0
-        next_eval = job.eval.every_seconds
+        next_eval = t + job.eval.every_seconds
         while len(self.left) < self.n or self.replies:
             progressed = self._serve_pushes()
             progressed |= self._complete_replies()
@@ -182,6 +196,8 @@ class Server:
             self.opt.step(self.params, grad, self.lr_at(self.version))
             self.version += 1
         self.pushes[w] += 1
+        for name in TOTALS:
+            self.totals[name][w] += head[getattr(PUSH, name)]
         self.last_loss[w] = head[PUSH.loss]
         self.pull_requested[w] = t
         self.trace.append("pushes", worker=w, iteration=iteration, t=t, version_before=version_before,
@@ -217,7 +233,7 @@ class Server:
         self._write_policy_records()
 
     def _must_stop(self, w: int, t: float) -> bool:
-        return self._limit_reached(w) or bool(self.job.stop.seconds and t >= self.job.stop.seconds)
+        return self._limit_reached(w) or self.stopping or bool(self.job.stop.seconds and t >= self.job.stop.seconds)
 
     def _retire(self, w: int, t: float) -> None:
         """Send `w` its stop reply and let the policy forget it (which may release others)."""
@@ -245,6 +261,8 @@ class Server:
                 self.opt.step(self.params[c.start:c.stop], self._round_mean(members, c), lr, offset=c.start)
             for r in replies:
                 r.requests.append(self.ctx.comm.Isend([self.params[c.start:c.stop], MPI.FLOAT], r.worker + 1, c.tag))
+        if t >= self.next_checkpoint:  # between rounds is the one consistent point of BSP
+            self._checkpoint(t)
 
     def _round_mean(self, members: list[int], c) -> np.ndarray:
         """Chunk `c` of the mean of the members' gradients, summed in worker order (as the oracle)."""
@@ -298,7 +316,8 @@ class Server:
             self.bad[w] = False
             MPI.Prequest.Startall(self.recvs[w * self.parts:(w + 1) * self.parts])
         head = header(PULL_FIELDS)
-        pack(head, PULL_FIELDS, version=self.version, stop=1.0 if stop else 0.0)
+        pack(head, PULL_FIELDS, version=self.version, stop=1.0 if stop else 0.0, flush=float(self.flush_asked[w]))
+        self.flush_asked[w] = False
         comm = self.ctx.comm
         requests = [comm.Isend([head, MPI.DOUBLE], w + 1, PULL_TAG)]
         if send_weights:
@@ -339,6 +358,11 @@ class Server:
     def _housekeeping(self, now: float) -> None:
         self._watchdog(now)
         self._keep_alive(now)
+        if terminate_requested() and not self.stopping:
+            log.warning("SIGTERM: the run stops at each worker's next pull, after a checkpoint")
+            self.stopping = True
+        if now >= self.next_checkpoint and not self.policy.round_based:  # BSP's wait for the round's end
+            self._checkpoint(now)
         self._take_other_messages()
         self.trace.maybe_flush()
         heard = self.last_loss[~np.isnan(self.last_loss)]
@@ -400,6 +424,53 @@ class Server:
         for record in self.policy.take_records():
             self.trace.append(record.table, **record.row)
 
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def _checkpoint(self, t: float) -> None:
+        """Write the run's state at run time `t` (``checkpoint.h5``; see ``ebsp_mpi.checkpoint``)."""
+        c0 = self.ctx.now()
+        write_checkpoint(self.run_dir, Checkpoint(
+            params=self.params, velocity=self.opt.velocity, version=self.version, run_seconds=t,
+            iterations=self.pushes, totals={**self.totals, LAST_LOSS: self.last_loss}, rejected=self.rejected,
+            policy=self.policy.state_dict(),
+            evals=self.evals, reached=self.targets.reached, config=to_dict(self.job)))
+        log.info("checkpoint at %.1f s: version %d, %d pushes, written in %.2f s", t, self.version,
+                 int(self.pushes.sum()), self.ctx.now() - c0)
+        every = self.job.checkpoint.every_seconds
+        self.next_checkpoint = t + every if every else np.inf
+        self.trace.flush()  # a resumed run keeps the trace rows flushed before its checkpoint
+        self.flush_asked[:] = True
+
+    def _restore(self, ckpt: Checkpoint) -> None:
+        """Continue from `ckpt`: the weights, optimizer state, counts, policy state and evaluations; the
+        trace loses what happened after the checkpoint (that work is done again)."""
+        if ckpt.params.shape != self.params.shape or len(ckpt.iterations) != self.n:
+            raise UsageError(f"checkpoint of {ckpt.params.size} parameters and {len(ckpt.iterations)} workers; "
+                             f"this job has {self.params.size} and {self.n}")
+        self.params[...] = ckpt.params
+        self.opt.velocity[...] = ckpt.velocity
+        self.version, self.rejected = ckpt.version, ckpt.rejected
+        self.pushes[...] = ckpt.iterations
+        for name in TOTALS:
+            self.totals[name][...] = ckpt.totals[name]
+            self.resumed_totals[name][...] = ckpt.totals[name]
+        self.last_loss[...] = ckpt.totals[LAST_LOSS]
+        self.policy.load_state_dict(ckpt.policy)
+        self.evals = [tuple(e) for e in ckpt.evals]
+        self.targets.reached.update(ckpt.reached)
+        T = ckpt.run_seconds
+        for table, column in (("pushes", "t"), ("pulls", "t_reply"), ("evals", "t"), ("zipline", "t")):
+            self.trace.truncate(table, column, T)
+        kept = self.trace.truncate("barriers", "t_released", T)
+        self.trace.truncate("barrier_members", "barrier", kept - 1)
+        self.trace.set_attrs(resumed_at_s=T)
+        log.info("resumed from the checkpoint at %.1f s: version %d, iterations %s", T, self.version,
+                 self.pushes.tolist())
+
+    def _whole_run(self, stats: list[dict], key: str, total: str) -> list[float]:
+        """Per worker, `key` of its statistics plus what the run had done before a resume."""
+        return [s[key] + float(self.resumed_totals[total][w]) for w, s in enumerate(stats)]
+
     # -- the end --------------------------------------------------------------------------------
 
     def _finish(self) -> dict:
@@ -413,6 +484,7 @@ class Server:
         write_model(self.run_dir, self.space.state_dict(), version=self.version, step=self.version,
                     attrs={"sync": self.policy.name, "config_json": to_dict(self.job)})
         self.trace.flush()
+        self._checkpoint(wall)  # the end, from which a longer run (a larger stop.*) can go on
         stats = self._collect_stats()
         wait_all(self.alive_sends, self.ctx.backoff())  # small sends, complete already or soon
         self.progress.close(int(self.pushes.sum()), test_acc=acc, version=self.version)
@@ -420,8 +492,9 @@ class Server:
         summary = build_summary(
             self.job, sync=self.policy.name, world_size=self.ctx.size,
             backend=stats[0]["backend"] if stats else "numpy", wall_seconds=wall, iterations=self.pushes.tolist(),
-            wait_seconds=[s["wait_seconds"] for s in stats], compute_seconds=[s["compute_seconds"] for s in stats],
-            injected_delay_seconds=[s["injected_delay_seconds"] for s in stats],
+            wait_seconds=self._whole_run(stats, "wait_seconds", "wait_s"),
+            compute_seconds=self._whole_run(stats, "compute_seconds", "compute_s"),
+            injected_delay_seconds=self._whole_run(stats, "injected_delay_seconds", "injected_delay_s"),
             barriers=self.policy.barriers,
             rejected_pushes=self.rejected, versions=self.version,
             train_loss=float(heard.mean()) if heard.size else None, test_loss=loss, test_accuracy=acc,

@@ -34,13 +34,15 @@ log = logging.getLogger(__name__)
 class Worker:
     """Worker ``ctx.rank - 1`` of a run; :meth:`run` returns its statistics for the summary."""
 
-    def __init__(self, ctx: Context, job: JobConfig, run_dir):
+    def __init__(self, ctx: Context, job: JobConfig, run_dir, start_iteration: int = 0):
         self.ctx, self.job, self.run_dir = ctx, job, run_dir
         self.index = ctx.rank - 1
+        self.start_iteration = start_iteration  # > 0: a resumed run, from the checkpoint's count
         self.backend = resolve_backend(job.backend, local_rank=ctx.local_rank)
         self.ds = build.dataset(job)
         self.model = build.model(job, self.ds, xp=self.backend.xp)
         self.stream = build.batch_stream(job, self.ds, self.index, ctx.workers)
+        self.stream.seek(start_iteration)  # batches and jitter follow from the iteration: nothing else to restore
         self.straggler = straggler_model(job.straggler, ctx.workers, job.seed)
         space = self.model.space
         direct = self.backend.name == "numpy" or job.runtime.cuda_aware_mpi
@@ -66,14 +68,16 @@ class Worker:
         self.alive_buf = np.zeros(1)
         self.keepalive = comm.Recv_init([self.alive_buf, MPI.DOUBLE], 0, ALIVE_TAG)
         self.trace = open_rank_trace(ctx, job, run_dir, role="worker", backend=self.backend.name,
-                                     device=self.backend.describe())
+                                     device=self.backend.describe(), append=start_iteration > 0)
+        if start_iteration > 0:  # the iterations after the checkpoint are done again
+            self.trace.truncate("iterations", "iteration", start_iteration - 1)
         self.fault = fault_for(ctx.rank, ctx.size)  # EBSP_INJECT_FAULT, to test the failure paths
 
     def run(self) -> dict:
         ctx, backend, model = self.ctx, self.backend, self.model
         backoff = ctx.backoff()
         wait_total = compute_total = delay_total = 0.0
-        iteration, row = 0, None
+        iteration, row = self.start_iteration, None
         self.keepalive.Start()
         server = Silence(self.job.runtime.stall_timeout_s, "the server (rank 0)", self.keepalive)
         MPI.Prequest.Startall(self.pulls)  # the initial weights
@@ -85,6 +89,8 @@ class Worker:
             version, stop = int(self.pull_header[PULL.version]), bool(self.pull_header[PULL.stop])
             if row is not None:  # the previous iteration ends when its pull completes
                 self.trace.append("iterations", **row, t_end=t_start, wait_s=t_start - t_push)
+            if self.pull_header[PULL.flush]:  # the server wrote a checkpoint
+                self.trace.flush()
             if stop:
                 break
             if self.staged:
@@ -108,7 +114,7 @@ class Worker:
 
             self._push_chunks(range(len(self.chunks)))  # those that wait-free backprop did not send
             pack(self.push_header, PUSH_FIELDS, iteration=iteration, version=version, loss=loss,
-                 injected_delay_s=delay, epoch=self.stream.epochs_done)
+                 injected_delay_s=delay, epoch=self.stream.epochs_done, compute_s=compute_s, wait_s=t_start - t_push)
             MPI.Prequest.Startall(self.pulls)
             t_push = ctx.now()
             self.pushes[-1].Start()

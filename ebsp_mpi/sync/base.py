@@ -131,6 +131,22 @@ class SyncPolicy(ABC):
             return 0
         return int(self.done[self.active_index].min())
 
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of the policy: its name, every worker's pushes and the barriers
+        released so far (plain data, for JSON)."""
+        return {"name": self.name, "done": [int(d) for d in self.done], "barriers": int(self.barriers)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from :meth:`state_dict`'s `state`. Everything else starts as in a new run: every
+        worker pulls at :meth:`start`, nobody is held, and what a model learns of the workers' pace
+        (DSSP's intervals, ElasticBSP's push-time predictor) is learnt again, since the restart's
+        pause would distort it; ElasticBSP resumes by monitoring, as after a barrier."""
+        if state.get("name") != self.name or len(state.get("done", ())) != self.workers:
+            raise ValueError(f"a checkpoint of {state.get('name')!r} with {len(state.get('done', ()))} workers "
+                             f"cannot resume {self.name!r} with {self.workers}")
+        self.done[:] = state["done"]
+        self.barriers = int(state["barriers"])
+
     def take_records(self) -> list[Record]:
         """Trace rows produced since the last call (barriers, ZipLine calls, ...); clears them."""
         records, self._records = self._records, []

@@ -59,6 +59,10 @@ class SSP(SyncPolicy):
         # min_j done_j at the last decision: held workers can only become free when it rises.
         self._floor = 0
 
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self._floor = self.min_done()
+
     def lead(self, worker: int) -> int:
         """How many iterations ``worker`` is ahead of the slowest active worker: done_i - min_j done_j."""
         return int(self.done[worker]) - self.min_done()

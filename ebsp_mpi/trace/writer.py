@@ -118,6 +118,7 @@ class TraceWriter:
         flush_seconds: float = 2.0,
         *,
         tables: Mapping[str, np.dtype] | None = None,
+        append: bool = False,
     ):
         if not flush_seconds >= 0:
             raise ValueError(f"flush_seconds must be >= 0 seconds, got {flush_seconds!r}")
@@ -127,12 +128,40 @@ class TraceWriter:
         self._buffers = {name: _TableBuffer(np.dtype(dt)) for name, dt in self._schema.items()}
         self._datasets: dict[str, h5py.Dataset] = {}
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = h5py.File(self.path, "w", libver=_LIBVER, locking="best-effort")
+        mode = "a" if append and self.path.exists() else "w"
+        try:
+            self._file = h5py.File(self.path, mode, libver=_LIBVER, locking="best-effort")
+        except OSError as e:
+            reason = os.strerror(e.errno) if e.errno else str(e).splitlines()[0]
+            raise OutputError(f"cannot open the trace {self.path} for writing: {reason}") from None
+        if mode == "a":
+            self._adopt_tables()
         self._closed = False
         self.set_attrs(trace_schema_version=SCHEMA_VERSION, **dict(attrs))
         # Flush at once so that even a rank killed before its first timed flush leaves a file
         # that opens, with its attributes.
         self.flush()
+
+    def _adopt_tables(self) -> None:
+        """Append to the tables a file already holds (a resumed run continues its traces)."""
+        for name, ds in self._file.items():
+            if name in self._buffers:
+                if ds.dtype != self._buffers[name].dtype:
+                    raise OutputError(f"{self.path}: table {name!r} has columns {ds.dtype.names}, expected "
+                                      f"{self._buffers[name].names}: not a trace of this version")
+                self._datasets[name] = ds
+
+    def truncate(self, table: str, column: str, limit: float) -> int:
+        """Keep the leading rows of `table` (as written so far) whose `column` is at most `limit`, and
+        drop the rest: a resumed run removes what it will do again. Returns the rows kept."""
+        self.flush()
+        ds = self._datasets.get(table)
+        if ds is None:
+            return 0
+        beyond = np.flatnonzero(ds[column] > limit)
+        kept = int(beyond[0]) if beyond.size else ds.shape[0]
+        ds.resize((kept,))
+        return kept
 
     # -- rows -------------------------------------------------------------------------------------
 
@@ -259,6 +288,9 @@ class NullTrace:
     def append(self, *args: Any, **kwargs: Any) -> None:
         pass
 
+    def truncate(self, *args: Any) -> int:
+        return 0
+
     def set_attrs(self, **attrs: Any) -> None:
         pass
 
@@ -273,8 +305,9 @@ class NullTrace:
 
 
 def open_trace(out_dir: str | os.PathLike, rank: int, attrs: dict, *, enabled: bool = True,
-               flush_seconds: float = 2.0) -> TraceWriter | NullTrace:
-    """The trace of `rank` in the run directory `out_dir`, or a :class:`NullTrace` when disabled."""
+               flush_seconds: float = 2.0, append: bool = False) -> TraceWriter | NullTrace:
+    """The trace of `rank` in the run directory `out_dir`, or a :class:`NullTrace` when disabled; with
+    `append`, the rank's existing file is continued (a resumed run)."""
     if not enabled:
         return NullTrace()
-    return TraceWriter(trace_path(out_dir, rank), attrs, flush_seconds=flush_seconds)
+    return TraceWriter(trace_path(out_dir, rank), attrs, flush_seconds=flush_seconds, append=append)
