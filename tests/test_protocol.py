@@ -125,3 +125,37 @@ def test_replies_in_flight_are_told_apart_by_identity():
     first = _PendingReply(1, [], np.zeros(4, np.float32), np.zeros(2), 0.5)
     second = _PendingReply(1, [], np.ones(4, np.float32), np.zeros(2), 0.5)
     assert first in [first] and second not in [first] and first != second
+
+
+def test_a_wait_on_the_server_counts_its_keep_alives_as_word_from_it(monkeypatch):
+    """A worker's deadline on the server (comm.Silence): silence past the timeout is a StallError naming
+    the server, but each keep-alive that arrives starts the count again and posts the receive anew."""
+    from ebsp_mpi.runtime import comm
+
+    clock = [0.0]
+    monkeypatch.setattr(comm.time, "monotonic", lambda: clock[0])
+
+    class KeepAlive:
+        def __init__(self):
+            self.arrived, self.posted = False, 0
+
+        def Test(self):
+            arrived, self.arrived = self.arrived, False
+            return arrived
+
+        def Start(self):
+            self.posted += 1
+
+    keepalive = KeepAlive()
+    silence = comm.Silence(4.0, "the server (rank 0)", keepalive)
+    clock[0] = 3.9
+    silence.check()  # within the timeout
+    keepalive.arrived = True
+    clock[0] = 7.0
+    silence.check()  # 7 s without a reply, but a keep-alive came: fine, and the receive is posted again
+    assert keepalive.posted == 1
+    clock[0] = 10.9
+    silence.check()
+    clock[0] = 11.1
+    with pytest.raises(comm.StallError, match=r"the server \(rank 0\) sent nothing for 4\.1 s"):
+        silence.check()
