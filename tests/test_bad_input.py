@@ -14,6 +14,7 @@ import warnings
 import h5py
 import numpy
 import pytest
+from datafiles import write_h5
 from mpirun import child_env, local, train
 
 from ebsp_mpi import build
@@ -174,15 +175,6 @@ def test_a_sweep_refuses_nan_in_a_member_and_an_infinite_timeout(tmp_path):
 
 
 # -- 3. training data with NaN or Inf ----------------------------------------------------------
-
-
-def write_h5(path, attrs=None, **datasets) -> str:
-    with h5py.File(path, "w") as f:
-        for key, value in datasets.items():
-            f[key] = value
-        for key, value in (attrs or {}).items():
-            f.attrs[key] = value
-    return str(path)
 
 
 def vectors(n=40, d=5, classes=3, seed=0):

@@ -1,19 +1,10 @@
 """The user's own HDF5 file: with and without a test split, and every error."""
 
-import h5py
 import numpy
 import pytest
 
+from datafiles import write_h5
 from ebsp_mpi.data import DatasetError, load_dataset
-
-
-def write_h5(path, attrs=None, **datasets):
-    with h5py.File(path, "w") as f:
-        for key, value in datasets.items():
-            f[key] = value
-        for key, value in (attrs or {}).items():
-            f.attrs[key] = value
-    return str(path)
 
 
 def vectors(n=20, d=5, classes=4, seed=0):

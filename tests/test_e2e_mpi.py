@@ -4,9 +4,7 @@ Each launch carries a timeout (a hung rank fails the test instead of the CI run)
 """
 
 import json
-import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -16,7 +14,7 @@ import pytest
 
 from ebsp_mpi.outputs import SUMMARY_KEYS, read_model
 from ebsp_mpi.trace import read_run
-from mpirun import child_env, local, pids_of_rank, train, train_cmd, watchdog_flags
+from mpirun import local, signal_rank_mid_run, train, watchdog_flags
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -157,34 +155,7 @@ def test_traces_hold_every_table_and_one_time_axis(tmp_path):
 
 
 def _kill_rank_2_mid_run(tmp_path: Path, stall: float, after: float = 1.0) -> tuple[int, float, str, Path]:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    out = tmp_path / "run"
-    log = tmp_path / "log"  # a file: the launcher's output is read after the job ends
-    proc = subprocess.Popen(train_cmd(3, out, "stop.seconds=120", "stop.epochs=0", f"runtime.stall_timeout_s={stall}",
-                                      "trace.flush_seconds=0.2", "straggler.base_s=0.01", flags=watchdog_flags()),
-                            stdout=log.open("w"), stderr=subprocess.STDOUT, env=child_env())
-    try:
-        deadline = time.monotonic() + 60
-        pids = []
-        while time.monotonic() < deadline and not (pids and (out / "trace" / "rank-0002.h5").exists()):
-            time.sleep(0.2)
-            pids = pids_of_rank(out, 2)
-        assert pids, "rank 2 never started"
-        time.sleep(after)  # its trace file exists: it has built its part, the others may still be at it
-        killed = time.monotonic()
-        for pid in pids:
-            os.kill(pid, signal.SIGKILL)
-        proc.wait(timeout=stall + 10)
-        took = time.monotonic() - killed
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    # the launcher may return while the ranks it killed are still being torn down (holding file locks)
-    deadline = time.monotonic() + 10
-    while any(pids_of_rank(out, r) for r in range(3)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return proc.returncode, took, log.read_text(), out
+    return signal_rank_mid_run(tmp_path, 2, signal.SIGKILL, stall, flags=watchdog_flags(), after=after)
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the rank's process through /proc")

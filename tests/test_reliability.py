@@ -5,7 +5,6 @@ reads its exit code, its output and its run directory. Signals go to a rank foun
 """
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mpirun import child_env, local, pids_of_rank, train, train_cmd, watchdog_flags
+from mpirun import child_env, local, signal_rank_mid_run, train, train_cmd, watchdog_flags
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -96,36 +95,6 @@ def test_a_failing_server_ends_the_job_and_is_named(fault, message, tmp_path):
     assert time.monotonic() - t0 < stall + 30
 
 
-def _signal_rank(tmp_path: Path, rank: int, sig: int, stall: float, flags=()) -> tuple[int, float, str]:
-    """Start a 3-rank run, send `sig` to `rank` once it trains; the exit code, the seconds from the
-    signal to the job's end, and the output."""
-    out, log = tmp_path / "run", tmp_path / "log"
-    proc = subprocess.Popen(train_cmd(3, out, "stop.seconds=120", "stop.epochs=0", f"runtime.stall_timeout_s={stall}",
-                                      "straggler.base_s=0.01", "sync.model=ssp", flags=flags),
-                            stdout=log.open("w"), stderr=subprocess.STDOUT, env=child_env())
-    pids = []
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not (pids and (out / "trace" / "rank-0002.h5").exists()):
-            time.sleep(0.2)
-            pids = pids_of_rank(out, rank)
-        assert pids, f"rank {rank} never started"
-        time.sleep(1.0)  # training
-        sent = time.monotonic()
-        for pid in pids:
-            os.kill(pid, sig)
-        proc.wait(timeout=stall + 10)
-        took = time.monotonic() - sent
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for r in range(3):  # a stopped rank the launcher left behind
-            for pid in pids_of_rank(out, r):
-                os.kill(pid, signal.SIGKILL)
-    return proc.returncode, took, log.read_text()
-
-
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the rank's process through /proc")
 @pytest.mark.parametrize("rank, sig, cleanup, named", [
     (0, signal.SIGSTOP, False, "the server (rank 0) sent nothing for"),
@@ -140,7 +109,7 @@ def test_a_stopped_or_killed_rank_ends_the_job_within_the_stall_timeout_and_is_n
     (without that flag Hydra kills every rank at once, and no rank can speak)."""
     stall = 4.0
     flags = watchdog_flags() if cleanup else []
-    code, took, output = _signal_rank(tmp_path, rank, sig, stall, flags)
+    code, took, output, _ = signal_rank_mid_run(tmp_path, rank, sig, stall, "sync.model=ssp", flags=flags)
     assert code != 0
     assert took <= stall + 10
     assert named in output, output[-3000:]
