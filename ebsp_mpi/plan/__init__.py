@@ -1,0 +1,17 @@
+"""Per-layer decisions made before a run, from a cost model: pure, no MPI.
+
+- :mod:`.hybcomm` — Poseidon's hybrid communication (USENIX ATC 2017, Sec. 3.2): per dense layer, the
+  dense gradient through the parameter servers (``ps``) or its sufficient factors (``sfb``), whichever
+  moves fewer bytes on the busiest rank.
+
+See DESIGN.md, "Hybrid communication".
+"""
+
+from .hybcomm import (
+    FLOAT_BYTES, MODES, SCHEMES, Cost, HybCommPlan, LayerChoice, choose, crossover_batch, crossover_workers,
+    poseidon_ps_bytes, poseidon_sfb_bytes, ps_bytes, sfb_bytes,
+)
+
+__all__ = ["FLOAT_BYTES", "MODES", "SCHEMES", "Cost", "HybCommPlan", "LayerChoice", "choose",
+           "ps_bytes", "sfb_bytes", "crossover_batch",
+           "poseidon_ps_bytes", "poseidon_sfb_bytes", "crossover_workers"]
