@@ -88,6 +88,36 @@ class Dense(Layer):
         self._x = None
         return xp.matmul(dy, self.W.T) if need_dx else None
 
+    def backward_factors(self, dy, factors, need_dx=True, on_factors_ready=None):
+        """Like :meth:`backward`, but the weight gradient leaves as sufficient factors (Poseidon's SFB).
+
+        Writes ``V = x`` (the input of the last training forward, ``(K, d_in)``) and ``U = dy``
+        (``(K, d_out)``) into this layer's block of `factors` (``dW = V.T @ U``), calls
+        ``on_factors_ready(name of W)`` at once so that the block can be sent while ``db`` and ``dx``
+        still compute, then computes ``db`` and, when `need_dx`, ``dx`` as :meth:`backward` does.
+        ``dW`` in the gradient buffer is not written: it keeps whatever it held.
+
+        Parameters
+        ----------
+        dy : xp.ndarray, shape (K, d_out)
+            Gradient of the loss w.r.t. this layer's output (the loss's 1/K inside).
+        factors : FactorSpace
+            Holds a block for this layer's W, of batch K.
+        need_dx : bool
+            Compute and return ``dx`` (``None`` otherwise).
+        on_factors_ready : callable, optional
+            ``on_factors_ready(name of W)``, called once the block is final.
+        """
+        w = self.tensor_names[0]
+        # Copies, not references: the caller's buffers may be reused before the block is sent.
+        factors.V(w)[...] = self._x
+        factors.U(w)[...] = dy
+        if on_factors_ready is not None:
+            on_factors_ready(w)
+        self.xp.sum(dy, axis=0, out=self.db)
+        self._x = None
+        return self.xp.matmul(dy, self.W.T) if need_dx else None
+
 
 def row_blocks(n: int, rows: int) -> list[tuple[int, int]]:
     """``(start, stop)`` of the row blocks in which wait-free backprop computes a weight gradient of `n`

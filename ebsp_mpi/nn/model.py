@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 import numpy
 
 from .base import Layer
+from .factors import FactorSpace
 from .layers import Conv2D, Dense, Flatten, MaxPool2D, ReLU
 from .losses import cross_entropy_sum, softmax_cross_entropy
 from .params import ParamSpace, TensorSpec
@@ -85,9 +86,54 @@ class Model:
                     on_grad_ready(name, self.space.view(name).size)
         return dy
 
+    def _backward_factors(self, dlogits, on_grad_ready, block_elems: int, factors: FactorSpace,
+                          on_factors_ready):
+        """:meth:`_backward` where the dense layers whose W is in `factors` write factors, not ``dW``.
+
+        Kept apart from :meth:`_backward` so that the path without factors runs exactly as before.
+        """
+        stop, dy = self._first_trainable, dlogits
+        for i in range(len(self.layers) - 1, stop - 1, -1):
+            layer, need_dx = self.layers[i], i > stop
+            names = layer.tensor_names
+            if isinstance(layer, Dense) and names[0] in factors:
+                dy = layer.backward_factors(dy, factors, need_dx=need_dx, on_factors_ready=on_factors_ready)
+                # W leaves as factors: reporting its (stale) dW would have it pushed.
+                names = names[1:]
+            elif on_grad_ready is not None and layer.reports_grad_blocks:
+                dy = layer.backward(dy, need_dx=need_dx, ready=on_grad_ready, block_elems=block_elems)
+            else:
+                dy = layer.backward(dy, need_dx=need_dx)
+            if on_grad_ready is not None:
+                for name in names:
+                    on_grad_ready(name, self.space.view(name).size)
+        return dy
+
+    def factor_layers(self) -> list[tuple[str, int, int]]:
+        """``(name of W, d_in, d_out)`` of every dense layer, in forward order: what a
+        :class:`FactorSpace` takes (keep the ones a plan sends as sufficient factors)."""
+        return [(layer.tensor_names[0], layer.in_shape[0], layer.out) for layer in self.layers
+                if isinstance(layer, Dense)]
+
+    def _check_factors(self, factors: FactorSpace, batch: int) -> None:
+        """A ValueError unless `factors` fits this model's dense layers and a batch of `batch` samples."""
+        if factors.batch != batch:
+            raise ValueError(f"loss_and_grad: the FactorSpace holds factors of batches of {factors.batch} "
+                             f"samples, got a batch of {batch}")
+        dense = {name: (d_in, d_out) for name, d_in, d_out in self.factor_layers()}
+        for b in factors.blocks:
+            if b.name not in dense:
+                raise ValueError(f"loss_and_grad: FactorSpace layer {b.name!r} is not the W of a dense layer "
+                                 f"of this model; dense layers: {list(dense)}")
+            if dense[b.name] != (b.d_in, b.d_out):
+                raise ValueError(f"loss_and_grad: FactorSpace layer {b.name!r} is ({b.d_in}, {b.d_out}), "
+                                 f"the model's W is {dense[b.name]}")
+
     def loss_and_grad(self, x, y, on_grad_ready: Callable[[str, int], None] | None = None,
-                      block_elems: int = 0) -> float:
-        """Mean softmax cross-entropy of the batch; overwrites every element of ``space.grad``.
+                      block_elems: int = 0, factors: FactorSpace | None = None,
+                      on_factors_ready: Callable[[str], None] | None = None) -> float:
+        """Mean softmax cross-entropy of the batch; overwrites every element of ``space.grad`` (but
+        the ``dW`` of layers sent as sufficient factors, see `factors`).
 
         Parameters
         ----------
@@ -102,14 +148,36 @@ class Model:
             With `on_grad_ready`, dense layers compute their weight gradient in row blocks of at
             most this many elements and report each (0: whole layers only). The gradient's values
             do not depend on it beyond BLAS's summation order.
+        factors : FactorSpace, optional
+            Every dense layer whose W is in it writes its sufficient factors ``V`` (its input) and
+            ``U`` (the error at its output) into its block instead of computing ``dW``, which is left
+            untouched in ``space.grad`` (it keeps whatever it held); ``db`` and the input gradient
+            are computed as usual, and the other layers behave as without `factors` (row-blocked
+            reports included). The batch must have exactly ``factors.batch`` samples.
+        on_factors_ready : callable, optional
+            With `factors`: ``on_factors_ready(name of W)`` once that layer's block is final, last
+            layer first, before its ``db`` and input gradient are computed (wait-free: the block can
+            be sent at once). `on_grad_ready` is then not called for that W, only for its bias.
 
         Returns
         -------
         float
             The mean loss over the batch.
+
+        Raises
+        ------
+        ValueError
+            When `factors` holds another batch size, or a layer that is not one of this model's
+            dense layers (or not of its shape).
         """
+        if factors is None:
+            loss, dlogits = softmax_cross_entropy(self.forward(x, train=True), self.xp.asarray(y))
+            self._backward(dlogits, on_grad_ready, block_elems, input_grad=False)
+            return loss
+        x = self._as_input(x)
+        self._check_factors(factors, x.shape[0])
         loss, dlogits = softmax_cross_entropy(self.forward(x, train=True), self.xp.asarray(y))
-        self._backward(dlogits, on_grad_ready, block_elems, input_grad=False)
+        self._backward_factors(dlogits, on_grad_ready, block_elems, factors, on_factors_ready)
         return loss
 
     def loss_and_input_grad(self, x, y):
