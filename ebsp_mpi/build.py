@@ -127,3 +127,32 @@ def iteration_limit(job: JobConfig, batches_per_epoch: int) -> int | None:
     if job.stop.epochs:
         limits.append(max(1, int(np.ceil(job.stop.epochs * batches_per_epoch))))
     return min(limits) if limits else None
+
+
+def hybrid_plan(job: JobConfig, model: Model, workers: int) -> tuple[set[str], dict]:
+    """``comm.hybrid``'s plan for this model and launch (the same on every rank): the names of the
+    weight tensors that travel as sufficient factors, and the plan as plain data (per tensor its scheme
+    and the cost model's bytes per iteration; ``ebsp_mpi.plan.hybcomm``).
+
+    Raises
+    ------
+    ModelError
+        ``comm.hybrid = "sfb"`` on a model with no dense layer.
+    """
+    from .nn.layers import Dense
+    from .plan.hybcomm import choose
+
+    layers = []
+    for layer in model.layers:
+        for name in getattr(layer, "tensor_names", ()):
+            shape = model.space.view(name).shape
+            dense = isinstance(layer, Dense) and len(shape) == 2
+            # Poseidon's M x N is the gradient's out x in; a bias or a kernel only needs its size
+            m, n = (int(shape[1]), int(shape[0])) if dense else (int(shape[0]), int(np.prod(shape[1:], dtype=int)))
+            layers.append((name, m, n, dense))
+    try:
+        plan = choose(layers, batch=job.data.batch_size, workers=workers, servers=1,
+                      synchronous=job.sync.model == "bsp", mode=job.comm.hybrid)
+    except ValueError as e:
+        raise ModelError(f"comm.hybrid = {job.comm.hybrid!r}: {e}") from None
+    return set(plan.sfb_layers), plan.as_dict()

@@ -141,6 +141,13 @@ class TraceConfig:
 
 
 @dataclass
+class CommConfig:
+    hybrid: str = _opt("ps", "per dense layer, send the gradient through the server (ps), its sufficient factors "
+                             "(sfb; Poseidon's HybComm), or whichever moves fewer bytes (auto)",
+                       choices=("ps", "sfb", "auto"))
+
+
+@dataclass
 class CheckpointConfig:
     every_seconds: float = _opt(0.0, "write DIR/checkpoint.h5 at least this often (seconds; 0: only at the end of "
                                      "the run and on SIGTERM); resume with train --resume DIR", min=0.0)
@@ -161,6 +168,7 @@ class JobConfig:
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
+    comm: CommConfig = field(default_factory=CommConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
 

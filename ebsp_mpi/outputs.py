@@ -105,14 +105,15 @@ class AccuracyTargets:
 SUMMARY_KEYS = ("name", "sync", "workers", "world_size", "backend", "wall_seconds", "iterations", "wait_seconds",
                 "compute_seconds", "injected_delay_seconds", "barriers", "rejected_pushes", "versions",
                 "train_loss", "test_loss", "test_accuracy", "samples_per_second", "time_to_accuracy", "evals",
-                "package_version", "mpi_library", "config")
+                "hybrid", "bytes", "package_version", "mpi_library", "config")
 
 
 def build_summary(job, *, sync: str, world_size: int, backend: str, wall_seconds: float, iterations: list[int],
                   wait_seconds: list[float], compute_seconds: list[float] | None,
                   injected_delay_seconds: list[float] | None, barriers: int, rejected_pushes: int, versions: int,
                   train_loss: float | None, test_loss: float, test_accuracy: float, targets: AccuracyTargets,
-                  evals: list[tuple[float, int, float, float]], mpi_library: str | None) -> dict:
+                  evals: list[tuple[float, int, float, float]], mpi_library: str | None, hybrid: dict | None = None,
+                  byte_counts: list[dict] | None = None) -> dict:
     """The run's ``summary.json`` as a dict with exactly :data:`SUMMARY_KEYS`.
 
     Parameters
@@ -126,6 +127,12 @@ def build_summary(job, *, sync: str, world_size: int, backend: str, wall_seconds
         Every evaluation, in order; the last one is the final model's.
     mpi_library : str or None
         ``MPI.Get_library_version()``'s first line; None without MPI.
+    hybrid : dict or None
+        ``comm.hybrid``'s plan: the scheme of each weight tensor and the cost model's bytes; None
+        without MPI.
+    byte_counts : list of dict or None
+        Per rank (the server first), the payload bytes it sent and received per tensor and scheme;
+        None without MPI.
 
     A float that is not finite (a diverged loss) is written as null, so the file is strict JSON.
     """
@@ -150,6 +157,8 @@ def build_summary(job, *, sync: str, world_size: int, backend: str, wall_seconds
         "time_to_accuracy": targets.as_dict(),
         "evals": [{"t": t, "version": int(v), "test_loss": _finite_or_none(loss), "test_acc": _finite_or_none(acc)}
                   for t, v, loss, acc in evals],
+        "hybrid": hybrid,
+        "bytes": byte_counts,
         "package_version": __version__,
         "mpi_library": mpi_library,
         "config": to_dict(job),

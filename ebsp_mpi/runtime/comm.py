@@ -101,6 +101,7 @@ class Context:
     t0: float = 0.0
     oversubscribed: bool = True
     any_oversubscribed: bool = True
+    factor_comm: MPI.Comm | None = None  # a second duplicate: sufficient factors (comm.hybrid) travel on it
 
     @property
     def workers(self) -> int:
@@ -149,7 +150,8 @@ def setup(base: MPI.Comm | None = None) -> Context:
     _note_termination_requests()
     comm = (MPI.COMM_WORLD if base is None else base).Dup()
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    ctx = Context(comm=comm, rank=comm.Get_rank(), size=comm.Get_size(), local_rank=local.Get_rank())
+    ctx = Context(comm=comm, rank=comm.Get_rank(), size=comm.Get_size(), local_rank=local.Get_rank(),
+                  factor_comm=comm.Dup())
     ctx.oversubscribed = local.Get_size() > len(set().union(*local.allgather(_cpus())))
     ctx.any_oversubscribed = comm.allreduce(ctx.oversubscribed, op=MPI.LOR)
     local.Free()

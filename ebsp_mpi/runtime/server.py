@@ -23,6 +23,7 @@ from ..checkpoint import LAST_LOSS, TOTALS, Checkpoint, write_checkpoint
 from ..config import JobConfig, to_dict
 from ..errors import UsageError
 from ..nn.average import round_mean
+from ..nn.factors import rebuild_gradient
 from ..nn.kernels import all_finite
 from ..outputs import AccuracyTargets, build_summary, write_model, write_summary
 from ..progress import Progress
@@ -30,8 +31,9 @@ from ..sync.registry import make_policy
 from .comm import Context, StallError, mpi_library, open_rank_trace, terminate_requested, wait_all
 from .evaluator import Evaluator
 from .faults import fault_for
-from .protocol import (ALIVE_TAG, PULL_FIELDS, PULL_TAG, PUSH, PUSH_FIELDS, PUSH_TAG, STATS_TAG, ProtocolError, header,
-                       pack, plan_chunks)
+from .hybrid import PS, SFB, ByteCounter, Stacked, sfb_layers, tensor_of_chunks
+from .protocol import (ALIVE_TAG, CHUNK_TAG0, PULL_FIELDS, PULL_TAG, PUSH, PUSH_FIELDS, PUSH_TAG, STATS_TAG,
+                       ProtocolError, header, pack, plan_chunks)
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,25 @@ class Server:
                                   ctx.chunk_bytes(job.runtime.chunk_bytes), ctx.comm.Get_attr(MPI.TAG_UB))
         self.limits = [build.iteration_limit(job, build.batch_stream(job, self.ds, w, n).batches_per_epoch)
                        for w in range(n)]
+        # comm.hybrid: the dense layers whose gradient travels as sufficient factors (runtime.hybrid)
+        sfb_names, self.hybrid_plan = build.hybrid_plan(job, model, n)
+        self.sfb = sfb_layers(self.space, sfb_names)
+        self.sfb_bsp = bool(self.sfb) and self.policy.round_based
+        if self.sfb_bsp:  # every replica applies the same rounds: all must stop at the same one
+            self.limits = [None if None in self.limits else min(self.limits)] * n
+        self.chunk_tensor = tensor_of_chunks(self.space, self.chunks)
+        pushed = [c for c, t in zip(self.chunks, self.chunk_tensor, strict=True) if t not in sfb_names]
+        # under BSP the workers apply the SFB layers' steps themselves: after the first pull, no reply
+        # carries those layers
+        self.reply_chunks = pushed if self.sfb_bsp else self.chunks
+        self.pulled = np.zeros(n, dtype=bool)  # each worker has had its first (whole) reply
+        self.factors = Stacked(self.sfb, n, job.data.batch_size) if self.sfb else None
+        self.reply_len = len(PULL_FIELDS) + (n if self.sfb_bsp else 0)  # BSP with SFB: the round's members
+        self.round_mask = np.zeros(n)
+        self.bytes = ByteCounter()
+        if self.sfb:
+            log.info("comm.hybrid = %s: sufficient factors for %s", job.comm.hybrid,
+                     ", ".join(a.name for a in self.sfb))
         self.evaluator = Evaluator(build.model(job, self.ds), self.ds.x_test, self.ds.y_test,
                                    job.eval.batch_size)
         self.targets = AccuracyTargets(list(job.eval.targets))
@@ -85,15 +106,23 @@ class Server:
         self.grads = [np.empty_like(self.params) for _ in range(n)]
         self.push_headers = [header(PUSH_FIELDS) for _ in range(n)]
         self.recvs: list[MPI.Prequest] = []
-        self.part_of: list[tuple] = []  # request index -> (worker, expected count, MPI datatype, gradient chunk)
+        # request index -> (worker, expected count, MPI datatype, gradient chunk or factor block, tensor, scheme)
+        self.part_of: list[tuple] = []
         for w in range(n):
-            for c in self.chunks:
+            for c in pushed:
                 piece = self.grads[w][c.start:c.stop]
                 self.recvs.append(ctx.comm.Recv_init([piece, MPI.FLOAT], w + 1, c.tag))
-                self.part_of.append((w, c.size, MPI.FLOAT, piece))
+                self.part_of.append((w, c.size, MPI.FLOAT, piece, self.chunk_tensor[c.tag - CHUNK_TAG0], PS))
+            if self.sfb:
+                for req, a, buf in zip(self.factors.receives(ctx.factor_comm, lambda q: q + 1, [w]),
+                                       [a for a in self.sfb for _ in (0, 1)],
+                                       [b for a in self.sfb for b in (self.factors.V, self.factors.U)], strict=True):
+                    piece = buf[a.name][self.factors.rows(w)].reshape(-1)
+                    self.recvs.append(req)
+                    self.part_of.append((w, piece.size, MPI.FLOAT, piece, a.name, SFB))
             self.recvs.append(ctx.comm.Recv_init([self.push_headers[w], MPI.DOUBLE], w + 1, PUSH_TAG))
-            self.part_of.append((w, len(PUSH_FIELDS), MPI.DOUBLE, None))
-        self.parts = len(self.chunks) + 1
+            self.part_of.append((w, len(PUSH_FIELDS), MPI.DOUBLE, None, None, None))
+        self.parts = len(self.recvs) // n
         self.statuses = [MPI.Status() for _ in self.recvs]
         self.missing = np.zeros(n, dtype=np.int64)  # parts of the current push not yet arrived
         self.bad = np.zeros(n, dtype=bool)  # a chunk of the current push held NaN or Inf
@@ -167,13 +196,15 @@ class Server:
             return False
         now = self.ctx.now()
         for k, i in enumerate(done):  # statuses[k] belongs to done[k], as in MPI_Testsome
-            w, expected, datatype, piece = self.part_of[i]
+            w, expected, datatype, piece, tensor, scheme = self.part_of[i]
             count = self.statuses[k].Get_count(datatype)
             if count != expected:
                 raise ProtocolError(f"push from rank {w + 1}: message with tag {self.statuses[k].Get_tag()} "
                                     f"has {count} values, expected {expected}")
-            if piece is not None and not all_finite(piece):  # checked now, while the chunk is in cache
-                self.bad[w] = True
+            if piece is not None:
+                self.bytes.received(tensor, scheme, piece.nbytes)
+                if not all_finite(piece):  # checked now, while the chunk is in cache
+                    self.bad[w] = True
             self.last_heard[w] = now
             self.missing[w] -= 1
             if self.missing[w] == 0:
@@ -193,6 +224,10 @@ class Server:
         elif self.policy.round_based:
             self.round_members.append(w)
         else:
+            for a in self.sfb:  # its factors, as the gradient they stand for (Project Adam's factor push)
+                rows = self.factors.rows(w)
+                rebuild_gradient(self.factors.V[a.name][rows], self.factors.U[a.name][rows],
+                                 grad[a.params].reshape(a.d_in, a.d_out))
             self.opt.step(self.params, grad, self.lr_at(self.version))
             self.version += 1
         self.pushes[w] += 1
@@ -255,14 +290,29 @@ class Server:
         lr = self.lr_at(self.version)
         if members:  # else every push of the round was rejected, and the weights stay as they are
             self.version += 1
+            self._step_sfb_layers(members, lr)
+        self.round_mask[:] = 0.0
+        self.round_mask[members] = 1.0  # the workers rebuild the SFB layers' mean from these workers
         replies = [self._reply(w, self.params, stop, t, send_weights=False) for w, stop in released]
-        for c in self.chunks:
+        sfb = {a.name for a in self.sfb}
+        for c, tensor in zip(self.chunks, self.chunk_tensor, strict=True):
+            if tensor in sfb:  # stepped whole above, and not sent: every worker steps it the same way
+                continue
             if members:
                 self.opt.step(self.params[c.start:c.stop], self._round_mean(members, c), lr, offset=c.start)
             for r in replies:
                 r.requests.append(self.ctx.comm.Isend([self.params[c.start:c.stop], MPI.FLOAT], r.worker + 1, c.tag))
+                self.bytes.sent(tensor, PS, c.size * self.params.itemsize)
         if t >= self.next_checkpoint:  # between rounds is the one consistent point of BSP
             self._checkpoint(t)
+
+    def _step_sfb_layers(self, members: list[int], lr: float) -> None:
+        """BSP with SFB: each SFB layer's round mean, rebuilt from the members' factors in worker order
+        (one GEMM), as one optimizer step, exactly as every worker does it."""
+        for a in self.sfb:
+            V, U = self.factors.of(a, members)
+            rebuild_gradient(V, U, self.mean_buf[a.params].reshape(a.d_in, a.d_out), scale=1.0 / len(members))
+            self.opt.step(self.params[a.params], self.mean_buf[a.params], lr, offset=a.offset)
 
     def _round_mean(self, members: list[int], c) -> np.ndarray:
         """Chunk `c` of the mean of the members' gradients, summed in worker order (as the oracle)."""
@@ -315,13 +365,20 @@ class Server:
             self.missing[w] = self.parts
             self.bad[w] = False
             MPI.Prequest.Startall(self.recvs[w * self.parts:(w + 1) * self.parts])
-        head = header(PULL_FIELDS)
-        pack(head, PULL_FIELDS, version=self.version, stop=1.0 if stop else 0.0, flush=float(self.flush_asked[w]))
+        head = np.zeros(self.reply_len)
+        pack(head[:len(PULL_FIELDS)], PULL_FIELDS, version=self.version, stop=1.0 if stop else 0.0,
+             flush=float(self.flush_asked[w]))
+        if self.sfb_bsp:
+            head[len(PULL_FIELDS):] = self.round_mask
         self.flush_asked[w] = False
         comm = self.ctx.comm
         requests = [comm.Isend([head, MPI.DOUBLE], w + 1, PULL_TAG)]
-        if send_weights:
-            requests += [comm.Isend([snapshot[c.start:c.stop], MPI.FLOAT], w + 1, c.tag) for c in self.chunks]
+        if send_weights:  # a worker's first reply holds every tensor; later ones leave out BSP's SFB layers
+            chunks = self.reply_chunks if self.pulled[w] else self.chunks
+            requests += [comm.Isend([snapshot[c.start:c.stop], MPI.FLOAT], w + 1, c.tag) for c in chunks]
+            for c in chunks:
+                self.bytes.sent(self.chunk_tensor[c.tag - CHUNK_TAG0], PS, c.size * snapshot.itemsize)
+        self.pulled[w] = True
         reply = _PendingReply(w, requests, snapshot, head, t)
         self.replies.append(reply)
         self.last_heard[w] = t
@@ -498,8 +555,9 @@ class Server:
             barriers=self.policy.barriers,
             rejected_pushes=self.rejected, versions=self.version,
             train_loss=float(heard.mean()) if heard.size else None, test_loss=loss, test_accuracy=acc,
-            targets=self.targets, evals=self.evals, mpi_library=mpi_library())
+            targets=self.targets, evals=self.evals, mpi_library=mpi_library(), hybrid=self.hybrid_plan,
+            byte_counts=[self.bytes.as_dict()] + [s["bytes"] for s in stats])
         write_summary(self.run_dir, summary)
-        self.trace.set_attrs(rejected_pushes=self.rejected)
+        self.trace.set_attrs(rejected_pushes=self.rejected, hybrid=self.hybrid_plan, bytes=self.bytes.as_dict())
         self.trace.close()
         return summary

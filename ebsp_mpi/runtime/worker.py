@@ -23,8 +23,10 @@ from .. import build
 from ..backend import resolve_backend
 from ..config import JobConfig
 from ..straggler import straggler_model
+from ..nn.factors import FactorSpace, rebuild_gradient
 from .comm import Context, Silence, open_rank_trace, wait_all
 from .faults import fault_for
+from .hybrid import PS, SFB, ByteCounter, Stacked, sfb_layers, tensor_of_chunks
 from .protocol import (ALIVE_TAG, PULL, PULL_FIELDS, PULL_TAG, PUSH_FIELDS, PUSH_TAG, STATS_TAG, header, pack,
                        plan_chunks)
 
@@ -55,15 +57,21 @@ class Worker:
                              chunk_bytes, ctx.comm.Get_attr(MPI.TAG_UB))
         self.chunk_elems = chunk_bytes // self.grad_buf.itemsize
         comm = ctx.comm
+        self._plan_hybrid(job, chunks)
         self.push_header = header(PUSH_FIELDS)
-        self.pull_header = header(PULL_FIELDS)
+        self.pull_header = np.zeros(len(PULL_FIELDS) + (ctx.workers if self.sfb_bsp else 0))
         self.chunks = chunks
         self.pushes = [comm.Send_init([self.grad_buf[c.start:c.stop], MPI.FLOAT], 0, c.tag) for c in chunks]
         self.pushes.append(comm.Send_init([self.push_header, MPI.DOUBLE], 0, PUSH_TAG))
         self.started = np.zeros(len(chunks), dtype=bool)  # chunks of the current push already sent
+        self.started[self.sfb_chunk] = True  # an SFB layer's weight gradient goes as factors, never as chunks
         self.chunks_of = _chunks_of_tensors(space, chunks)  # tensor name -> indices of its chunks
         self.pulls = [comm.Recv_init([self.pull_header, MPI.DOUBLE], 0, PULL_TAG)]
         self.pulls += [comm.Recv_init([self.params_buf[c.start:c.stop], MPI.FLOAT], 0, c.tag) for c in chunks]
+        # after the first pull, BSP's replies leave out the SFB layers, which every worker steps itself
+        self.pulled_chunks = [k for k in range(len(chunks)) if not (self.sfb_bsp and self.sfb_chunk[k])]
+        self.later_pulls = [self.pulls[0]] + [self.pulls[1 + k] for k in self.pulled_chunks]
+        self.first_pull = True
         # the server's keep-alive while it holds our pull (its content is never read)
         self.alive_buf = np.zeros(1)
         self.keepalive = comm.Recv_init([self.alive_buf, MPI.DOUBLE], 0, ALIVE_TAG)
@@ -73,6 +81,41 @@ class Worker:
             self.trace.truncate("iterations", "iteration", start_iteration - 1)
         self.fault = fault_for(ctx.rank, ctx.size)  # EBSP_INJECT_FAULT, to test the failure paths
 
+    def _plan_hybrid(self, job: JobConfig, chunks) -> None:
+        """comm.hybrid: which layers go as sufficient factors, and their messages (runtime.hybrid)."""
+        ctx, space = self.ctx, self.model.space
+        names, _ = build.hybrid_plan(job, self.model, ctx.workers)
+        self.sfb = sfb_layers(space, names)
+        self.sfb_bsp = bool(self.sfb) and job.sync.model == "bsp"
+        self.chunk_tensor = tensor_of_chunks(space, chunks)
+        self.sfb_chunk = np.array([t in names for t in self.chunk_tensor], dtype=bool)
+        self.bytes = ByteCounter()
+        self.factor_sends: dict[str, list] = {}
+        self.factor_recvs: list = []
+        if not self.sfb:
+            return
+        K, n, me = job.data.batch_size, ctx.workers, self.index
+        self.factor_space = FactorSpace([(a.name, a.d_in, a.d_out) for a in self.sfb], K, xp=self.backend.xp)
+        self.stacked = Stacked(self.sfb, n, K)
+        others = [w for w in range(n) if w != me]
+        # BSP: to every other worker and the server; the other models: to the server alone
+        destinations = [0] + [w + 1 for w in others] if self.sfb_bsp else [0]
+        for a in self.sfb:
+            V, U = self.stacked.V[a.name][self.stacked.rows(me)], self.stacked.U[a.name][self.stacked.rows(me)]
+            self.factor_sends[a.name] = [ctx.factor_comm.Send_init([buf, MPI.FLOAT], dest, 2 * a.index + k)
+                                         for dest in destinations for k, buf in ((0, V), (1, U))]
+        if self.sfb_bsp:
+            self.factor_recvs = self.stacked.receives(ctx.factor_comm, lambda q: q + 1, others)
+            self.opt = build.optimizer(job, space.size)  # steps the SFB layers, on the host copy
+            self.lr_at = build.schedule(job)
+            self.sfb_grad = {a.name: np.empty((a.d_in, a.d_out), dtype=np.float32) for a in self.sfb}
+            if self.start_iteration > 0:  # resumed: the SFB layers' velocity as the server had it
+                from ..checkpoint import read_checkpoint
+
+                velocity = read_checkpoint(self.run_dir).velocity
+                for a in self.sfb:
+                    self.opt.velocity[a.params] = velocity[a.params]
+
     def run(self) -> dict:
         ctx, backend, model = self.ctx, self.backend, self.model
         backoff = ctx.backoff()
@@ -80,13 +123,17 @@ class Worker:
         iteration, row = self.start_iteration, None
         self.keepalive.Start()
         server = Silence(self.job.runtime.stall_timeout_s, "the server (rank 0)", self.keepalive)
-        MPI.Prequest.Startall(self.pulls)  # the initial weights
+        MPI.Prequest.Startall(self.pulls)  # the initial weights, every tensor
+        pulls, version = self.pulls, None
         t_push = ctx.now()
         while True:
-            wait_all(self.pulls, backoff, server)
+            wait_all(pulls, backoff, server)
+            self._count_pull(pulls is self.pulls)
             t_start = ctx.now()
             wait_total += t_start - t_push
-            version, stop = int(self.pull_header[PULL.version]), bool(self.pull_header[PULL.stop])
+            used, version, stop = version, int(self.pull_header[PULL.version]), bool(self.pull_header[PULL.stop])
+            if self.sfb_bsp and used is not None and not stop:
+                self._step_sfb_layers(used)
             if row is not None:  # the previous iteration ends when its pull completes
                 self.trace.append("iterations", **row, t_end=t_start, wait_s=t_start - t_push)
             if self.pull_header[PULL.flush]:  # the server wrote a checkpoint
@@ -99,9 +146,9 @@ class Worker:
             if self.fault is not None and self.fault.due(iteration):
                 self.fault.fire(f"iteration {iteration}")
             # the previous push was delivered before its reply came: complete it before the gradient
-            # buffer is written again
-            wait_all(self.pushes, backoff, server)
-            self.started[:] = False
+            # buffer is written again (and the factors' sends before the factors are)
+            wait_all(self.pushes + [r for rs in self.factor_sends.values() for r in rs], backoff, server)
+            self.started[:] = self.sfb_chunk
             c0 = time.perf_counter()
             loss = self.compute_gradient()
             compute_s = time.perf_counter() - c0
@@ -113,9 +160,16 @@ class Worker:
             t_compute_end = ctx.now()
 
             self._push_chunks(range(len(self.chunks)))  # those that wait-free backprop did not send
+            for a in self.sfb:
+                if not self.factors_sent[a.name]:
+                    self._send_factors(a.name)
             pack(self.push_header, PUSH_FIELDS, iteration=iteration, version=version, loss=loss,
                  injected_delay_s=delay, epoch=self.stream.epochs_done, compute_s=compute_s, wait_s=t_start - t_push)
-            MPI.Prequest.Startall(self.pulls)
+            pulls = self.later_pulls
+            MPI.Prequest.Startall(pulls)
+            if self.sfb_bsp:  # the round's other factors come with the reply
+                pulls = pulls + self.factor_recvs
+                MPI.Prequest.Startall(self.factor_recvs)
             t_push = ctx.now()
             self.pushes[-1].Start()
             # the iteration's trace row, less its end (t_end, wait_s): known when the next pull completes
@@ -123,14 +177,15 @@ class Worker:
                        version=version, loss=loss, injected_delay_s=delay, epoch=self.stream.epochs_done)
             iteration += 1
             self.trace.maybe_flush()
-        wait_all(self.pushes, backoff, server)
+        wait_all(self.pushes + [r for rs in self.factor_sends.values() for r in rs], backoff, server)
         self.keepalive.Cancel()  # the server sends none after our stop reply
         self.keepalive.Wait()
+        self.trace.set_attrs(bytes=self.bytes.as_dict())
         self.trace.close()
         if self.fault is not None and self.fault.due("end"):
             self.fault.fire("the end")
         stats = {"iterations": iteration, "wait_seconds": wait_total, "compute_seconds": compute_total,
-                 "injected_delay_seconds": delay_total, "backend": backend.describe()}
+                 "injected_delay_seconds": delay_total, "backend": backend.describe(), "bytes": self.bytes.as_dict()}
         wait_all([ctx.comm.isend(stats, dest=0, tag=STATS_TAG)], backoff)  # for the server's summary
         return stats
 
@@ -141,12 +196,49 @@ class Worker:
         """
         idx = self.stream.next_indices()
         wfbp = self.job.runtime.wait_free_backprop
+        self.factors_sent = dict.fromkeys(self.factor_sends, False)
+        factors = {"factors": self.factor_space, "on_factors_ready": self._send_factors if wfbp else None} \
+            if self.sfb else {}
         loss = self.model.loss_and_grad(self.backend.asarray(self.ds.x_train[idx]),
                                         self.backend.asarray(self.ds.y_train[idx]),
                                         on_grad_ready=self._push_ready if wfbp else None,
-                                        block_elems=self.chunk_elems)
+                                        block_elems=self.chunk_elems, **factors)
         self.backend.synchronize()
         return loss
+
+    def _send_factors(self, name: str) -> None:
+        """Send layer `name`'s factors, final now: into this worker's rows of the stacked buffers (on
+        the host), then to every destination."""
+        me = self.stacked.rows(self.index)
+        V, U = self.stacked.V[name][me], self.stacked.U[name][me]
+        V[...] = self.backend.to_host(self.factor_space.V(name))
+        U[...] = self.backend.to_host(self.factor_space.U(name))
+        MPI.Prequest.Startall(self.factor_sends[name])
+        self.bytes.sent(name, SFB, (V.nbytes + U.nbytes) * (len(self.factor_sends[name]) // 2))
+        self.factors_sent[name] = True
+
+    def _step_sfb_layers(self, version_used: int) -> None:
+        """BSP with SFB: the round's step of each SFB layer, as the server takes it: the mean of the
+        members' rebuilt gradients (the server names the members in its reply), one optimizer step at
+        the learning rate of the version this worker's push was computed from."""
+        mask = self.pull_header[len(PULL_FIELDS):]
+        members = [w for w in range(self.ctx.workers) if mask[w]]
+        if not members:  # every push of the round was rejected: the weights stay as they are
+            return
+        lr = self.lr_at(version_used)
+        for a in self.sfb:
+            V, U = self.stacked.of(a, members)
+            rebuild_gradient(V, U, self.sfb_grad[a.name], scale=1.0 / len(members))
+            self.opt.step(self.params_buf[a.params], self.sfb_grad[a.name].reshape(-1), lr, offset=a.offset)
+
+    def _count_pull(self, whole: bool) -> None:
+        """Count the bytes of the pull just received (and of the round's factors under BSP with SFB)."""
+        for k in range(len(self.chunks)) if whole else self.pulled_chunks:
+            self.bytes.received(self.chunk_tensor[k], PS, self.chunks[k].size * self.params_buf.itemsize)
+        if self.sfb_bsp and not whole:
+            others = self.ctx.workers - 1
+            for a in self.sfb:
+                self.bytes.received(a.name, SFB, others * self.stacked.batch * (a.d_in + a.d_out) * 4)
 
     def _push_ready(self, name: str, stop: int) -> None:
         """Wait-free backprop: send the chunks of tensor `name` that lie within its first `stop`
@@ -161,11 +253,12 @@ class Worker:
         for k in indices:
             if self.started[k]:
                 continue
+            c = self.chunks[k]
             if self.staged:  # the device has finished this slice (synchronized by to_host)
-                c = self.chunks[k]
                 self.grad_buf[c.start:c.stop] = self.backend.to_host(self.model.space.grad[c.start:c.stop])
             self.pushes[k].Start()
             self.started[k] = True
+            self.bytes.sent(self.chunk_tensor[k], PS, c.size * self.grad_buf.itemsize)
 
 
 def _chunks_of_tensors(space, chunks) -> dict[str, list[int]]:
