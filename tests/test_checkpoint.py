@@ -227,3 +227,19 @@ def test_resume_refuses_what_it_cannot_continue(case, message, tmp_path):
     p = subprocess.run(cmd + extra, capture_output=True, text=True, timeout=120, env=child_env())
     assert p.returncode == 2, p.stderr
     assert message in p.stderr and p.stderr.count("ebsp_mpi: error") == 1, p.stderr
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the ranks through /proc")
+@pytest.mark.timeout(600)
+def test_bsp_with_sufficient_factors_killed_and_resumed_equals_it_run_through(tmp_path):
+    """Under BSP with comm.hybrid = "sfb" the workers step the SFB layers themselves: a resumed worker
+    takes their optimizer state from the checkpoint, and its first pull brings every tensor."""
+    job = [*BSP, "comm.hybrid=sfb"]
+    whole = train(3, tmp_path / "whole", *job, timeout=240)
+    assert whole.returncode == 0, whole.stderr
+    killed = _stop_mid_run(tmp_path / "run", signal.SIGKILL, *job, f"checkpoint.every_seconds={EVERY}")
+    assert killed.returncode != 0
+    assert 0 < read_checkpoint(tmp_path / "run", arrays=False).version < 200
+    resumed = _resume(tmp_path / "run")
+    assert resumed.returncode == 0, resumed.stderr
+    assert _same_model(tmp_path / "whole", tmp_path / "run") <= 1e-5
