@@ -99,7 +99,7 @@ def test_alternate_times_every_function_the_same_number_of_times():
 def test_every_kind_names_a_module_with_main():
     import importlib
 
-    assert set(KINDS) == {"mpi", "ps", "overhead", "nn", "zipline"}
+    assert set(KINDS) == {"mpi", "ps", "overhead", "hybcomm", "nn", "zipline"}
     for name, kind in KINDS.items():
         assert callable(importlib.import_module(kind.module).main), name
 
@@ -228,6 +228,58 @@ def test_overhead_compares_bsp_with_the_single_process_trainer(tmp_path):
     on, off = line.split(": ", 1)[1].split("; ")
     assert on.startswith("traces on ") and off.startswith("traces off ")
     assert all(float(part.split()[-1]) > 0 for part in (on, off)) and "," not in on + off  # --reps 1
+
+
+def hybcomm_rows(out):
+    """The rows of ``bench hybcomm``'s table: (layer, K, workers, scheme, worker B/it, model, server B/it,
+    model, seconds per iteration, ratio to ps) as printed."""
+    rows = []
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) == 10 and cells[1].isdigit():
+            rows.append((cells[0], int(cells[1]), int(cells[2]), cells[3],
+                         *(int(c.replace(",", "")) for c in cells[4:8]), cells[8], float(cells[9])))
+    return rows
+
+
+def test_hybcomm_asks_for_a_server_and_two_workers():
+    p = subprocess.run([sys.executable, "-m", "ebsp_mpi", "bench", "hybcomm"], capture_output=True, text=True,
+                       timeout=60, env=child_env())
+    assert p.returncode == 2
+    assert "mpiexec -n 3 python -m ebsp_mpi bench hybcomm" in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.slow
+def test_hybcomm_counts_exactly_the_bytes_the_cost_model_predicts(tmp_path):
+    from ebsp_mpi.plan.hybcomm import ps_bytes, sfb_bytes
+
+    # 64x32 at K = 4: SFB moves fewer bytes (auto takes it); 8x4 at K = 16: PS does
+    records, out = run_bench(tmp_path, "hybcomm", "--shapes", "64x32:4,8x4:16", "--iterations", "5",
+                             "--warmup", "1", ranks=3, timeout=60)
+    check_records(records, "hybcomm")
+    rows = hybcomm_rows(out)
+    assert [(r[0], r[1], r[2], r[3]) for r in rows] == [
+        ("64x32", 4, 2, "ps"), ("64x32", 4, 2, "sfb"), ("64x32", 4, 2, "auto: sfb"),
+        ("8x4", 16, 2, "ps"), ("8x4", 16, 2, "sfb"), ("8x4", 16, 2, "auto: ps")]
+    for layer, k, workers, scheme, worker, worker_model, server, server_model, _, ratio in rows:
+        d_in, d_out = map(int, layer.split("x"))
+        # the counters, less the first pull, equal the cost model exactly, and the model is Poseidon's
+        assert (worker, server) == (worker_model, server_model), (layer, scheme)
+        cost = ps_bytes(d_out, d_in, workers) if scheme.endswith("ps") else sfb_bytes(d_out, d_in, k, workers)
+        assert (worker, server) == (cost.worker, cost.server), (layer, scheme)
+        assert ratio == 1.0 if scheme == "ps" else ratio > 0
+    # every tensor (the head and the biases too) and the total, on every rank
+    assert "counters against the model: equal in every run, on every rank" in out
+    # the first pull taken off: the whole model (64x32 layer, 32x2 head, biases) once per worker
+    assert f"64x32 {4 * (64 * 32 + 32 + 32 * 2 + 2):,} B" in out and f"8x4 {4 * (8 * 4 + 4 + 4 * 2 + 2):,} B" in out
+    # records: sfb and auto against ps, per layer and number of workers
+    assert [r["case"] for r in records] == ["BSP 64x32 K=4, 2 workers, sfb", "BSP 64x32 K=4, 2 workers, auto: sfb",
+                                            "BSP 8x4 K=16, 2 workers, sfb", "BSP 8x4 K=16, 2 workers, auto: ps"]
+    assert {r["reference"] for r in records} == {"ps, same layer and workers"}
+    assert all(r["unit"] == "s" for r in records)
+    crossover = out[out.index("crossover:"):]
+    assert "64x32, K = 4: measured " in crossover and "P* = 10.67 nodes" in crossover
+    assert "8x4, K = 16: measured " in crossover and "moves fewer bytes from none up to 2" in crossover
 
 
 @pytest.mark.slow

@@ -24,6 +24,9 @@ KINDS = {
                                        "the server's update against a NumPy axpy"),
     "overhead": Kind("ebsp_mpi.bench.overhead", 2, "seconds per iteration of BSP (1 worker + server) "
                                                    "against the single-process trainer"),
+    "hybcomm": Kind("ebsp_mpi.bench.hybcomm", 3, "dense layers under BSP with comm.hybrid = ps, sfb, auto: "
+                                                 "bytes per iteration against the cost model, seconds "
+                                                 "per iteration, the PS/SFB crossover"),
     "nn": Kind("ebsp_mpi.bench.nn", 1, "Dense, Conv2D, MaxPool2D and SGD against PyTorch on the CPU"),
     "zipline": Kind("ebsp_mpi.bench.zipline", 1, "ZipLine against a heapq scan and brute force"),
 }
