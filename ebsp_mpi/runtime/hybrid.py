@@ -9,7 +9,8 @@ worker's message lands in its rows and the summed gradient ``V_all.T @ U_all`` i
 
 - **BSP**: a worker sends its factors to every other worker and to the server; every receiver rebuilds
   the round's mean gradient from the round's members (the server names them in its reply) and applies
-  the same optimizer step, so the workers never pull an SFB layer after the first pull.
+  the same optimizer step, so the workers never pull an SFB layer after the first pull. Every replica
+  must apply the same rounds, so all workers stop at the same one (the smallest iteration limit).
 - **ASP, SSP, DSSP, ElasticBSP** (Project Adam's variant): the push of an SFB layer carries its factors
   to the server, which rebuilds that worker's gradient and applies it; pulls stay dense.
 
