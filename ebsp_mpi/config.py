@@ -84,11 +84,11 @@ class OptimConfig:
 
 @dataclass
 class SyncConfig:
-    model: str = _opt("bsp", "synchronization model", choices=("bsp", "asp", "ssp", "dssp", "elasticbsp"))
+    model: str = _opt("bsp", "synchronization model", choices=("bsp", "asp", "ssp", "dssp", "elasticbsp", "psp"))
     workers: int = _opt(0, "workers; 0 = auto (world size 1: one worker; under MPI: world size - 1). At "
                            "world size 1, n > 1 averages the batches n BSP workers would draw (the oracle)",
                         min=0)
-    staleness: int = _opt(3, "SSP/DSSP: staleness bound s (iterations)", min=0)
+    staleness: int = _opt(3, "SSP/DSSP/PSP: staleness bound s (iterations)", min=0)
     dssp_range: int = _opt(3, "DSSP: the threshold moves in [s, s + r]; this is r", min=0)
     lookahead: int = _opt(15, "ElasticBSP: lookahead R (predicted pushes per worker ZipLine chooses from)",
                           min=1)
@@ -96,6 +96,8 @@ class SyncConfig:
     predictor: str = _opt("last", "ElasticBSP: push-time predictor (last interval, or EMA of intervals)",
                           choices=("last", "ema"))
     ema_alpha: float = _opt(0.5, "ElasticBSP: smoothing of the ema predictor", gt=0.0, max=1.0)
+    sample: int = _opt(2, "PSP: other workers each barrier samples (beta); its staleness bound is "
+                          "sync.staleness; beta >= workers - 1 is SSP", min=1)
 
 
 @dataclass

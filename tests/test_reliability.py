@@ -30,7 +30,7 @@ def summary(run_dir: Path) -> dict:
 # -- load -------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("model", ["bsp", "asp", "asp", "asp", "ssp", "dssp", "elasticbsp"])
+@pytest.mark.parametrize("model", ["bsp", "asp", "asp", "asp", "ssp", "dssp", "elasticbsp", "psp"])
 def test_every_sync_model_survives_eight_workers_on_two_cores(model, tmp_path):
     """The server once died under ASP with 8 workers ("truth value of an array is ambiguous") in 3 of 7
     runs; ASP runs three times here."""

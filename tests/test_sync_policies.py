@@ -489,7 +489,7 @@ def sync(model: str, **keys) -> SyncConfig:
 
 
 def test_make_policy_builds_each_model_with_its_parameters():
-    assert POLICIES == ("bsp", "asp", "ssp", "dssp", "elasticbsp")
+    assert POLICIES == ("bsp", "asp", "ssp", "dssp", "elasticbsp", "psp")
     assert type(make_policy(sync("bsp"), 3)) is BSP
     assert type(make_policy(sync("asp"), 3)) is ASP
     ssp = make_policy(sync("ssp", staleness=2), 4)

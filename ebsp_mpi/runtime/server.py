@@ -72,7 +72,7 @@ class Server:
         self.params = model.space.data
         self.opt = build.optimizer(job, self.space.size)
         self.lr_at = build.schedule(job)
-        self.policy = make_policy(job.sync, n)
+        self.policy = make_policy(job.sync, n, seed=job.seed)
         self.chunks = plan_chunks([(t.offset, t.size) for t in self.space.tensors], self.params.itemsize,
                                   ctx.chunk_bytes(job.runtime.chunk_bytes), ctx.comm.Get_attr(MPI.TAG_UB))
         self.limits = [build.iteration_limit(job, build.batch_stream(job, self.ds, w, n).batches_per_epoch)
