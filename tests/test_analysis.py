@@ -252,6 +252,7 @@ def test_labels_come_from_the_sweep_manifest_or_the_sync_parameters(tmp_path):
     assert [(i.label, i.seed) for i in infos] == [("bsp", 0), ("bsp", 1), ("ssp-s3", 0), ("ssp-s3", 1)]
     assert model_label({"sync": {"model": "dssp", "staleness": 2, "dssp_range": 4}}) == "dssp(s=2,r=4)"
     assert model_label({"sync": {"model": "elasticbsp", "lookahead": 8, "penalty": 0.5}}) == "elasticbsp(R=8,λ=0.5)"
+    assert model_label({"sync": {"model": "psp", "sample": 2, "staleness": 1}}) == "psp(β=2,s=1)"
 
 
 def _time_to(speed: float, target: float) -> float:

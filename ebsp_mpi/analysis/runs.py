@@ -39,7 +39,7 @@ class RunInfo:
     label : str
         Group name: runs with one label are repetitions over seeds.
     model : str
-        Sync model (``bsp``, ``asp``, ``ssp``, ``dssp``, ``elasticbsp``).
+        Sync model (``bsp``, ``asp``, ``ssp``, ``dssp``, ``elasticbsp``, ``psp``).
     seed : int or None
     problem : str or None
         Why the run counts as not finished (no directory, summary missing, unreadable or with a
@@ -153,6 +153,8 @@ def model_label(config: dict) -> str:
         return f"ssp(s={sync.get('staleness')})"
     if model == "dssp":
         return f"dssp(s={sync.get('staleness')},r={sync.get('dssp_range')})"
+    if model == "psp":
+        return f"psp(β={sync.get('sample')},s={sync.get('staleness')})"
     if model == "elasticbsp":
         penalty = sync.get("penalty") or 0
         shown = f"{penalty:g}" if isinstance(penalty, (int, float)) else str(penalty)
