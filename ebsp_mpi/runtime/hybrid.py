@@ -80,11 +80,17 @@ class Stacked:
         rows = np.concatenate([np.arange(w * self.batch, (w + 1) * self.batch) for w in members])
         return V[rows], U[rows]
 
-    def receives(self, comm, sender_of, workers) -> list:
+    def receives(self, comm, sender_of, workers) -> list[tuple]:
         """Persistent receives of `workers`' factors of every layer into their rows (``sender_of(w)``:
-        the rank of worker w), V then U of each layer, worker by worker."""
-        return [comm.Recv_init([buf[self.rows(w)], MPI.FLOAT], sender_of(w), 2 * a.index + k)
-                for w in workers for a in self.layers for k, buf in ((0, self.V[a.name]), (1, self.U[a.name]))]
+        the rank of worker w), V then U of each layer, worker by worker: ``(request, layer name,
+        the rows received into, flat)``."""
+        out = []
+        for w in workers:
+            for a in self.layers:
+                for tag, buf in ((2 * a.index, self.V[a.name]), (2 * a.index + 1, self.U[a.name])):
+                    piece = buf[self.rows(w)].reshape(-1)
+                    out.append((comm.Recv_init([piece, MPI.FLOAT], sender_of(w), tag), a.name, piece))
+        return out
 
 
 class ByteCounter:
@@ -119,7 +125,3 @@ def tensor_of_chunks(space, chunks) -> list[str]:
         names.append(next(t.name for t in space.tensors if t.offset <= c.start < t.offset + t.size))
     return names
 
-
-def finite(*arrays) -> bool:
-    """No NaN or Inf in any of `arrays` (the factors a worker sends, checked as the server checks them)."""
-    return all(bool(np.isfinite(a).all()) for a in arrays)

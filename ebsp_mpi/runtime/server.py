@@ -114,12 +114,9 @@ class Server:
                 self.recvs.append(ctx.comm.Recv_init([piece, MPI.FLOAT], w + 1, c.tag))
                 self.part_of.append((w, c.size, MPI.FLOAT, piece, self.chunk_tensor[c.tag - CHUNK_TAG0], PS))
             if self.sfb:
-                for req, a, buf in zip(self.factors.receives(ctx.factor_comm, lambda q: q + 1, [w]),
-                                       [a for a in self.sfb for _ in (0, 1)],
-                                       [b for a in self.sfb for b in (self.factors.V, self.factors.U)], strict=True):
-                    piece = buf[a.name][self.factors.rows(w)].reshape(-1)
+                for req, name, piece in self.factors.receives(ctx.factor_comm, lambda q: q + 1, [w]):
                     self.recvs.append(req)
-                    self.part_of.append((w, piece.size, MPI.FLOAT, piece, a.name, SFB))
+                    self.part_of.append((w, piece.size, MPI.FLOAT, piece, name, SFB))
             self.recvs.append(ctx.comm.Recv_init([self.push_headers[w], MPI.DOUBLE], w + 1, PUSH_TAG))
             self.part_of.append((w, len(PUSH_FIELDS), MPI.DOUBLE, None, None, None))
         self.parts = len(self.recvs) // n

@@ -71,7 +71,8 @@ class Worker:
         # after the first pull, BSP's replies leave out the SFB layers, which every worker steps itself
         self.pulled_chunks = [k for k in range(len(chunks)) if not (self.sfb_bsp and self.sfb_chunk[k])]
         self.later_pulls = [self.pulls[0]] + [self.pulls[1 + k] for k in self.pulled_chunks]
-        self.first_pull = True
+        # everything a push sends: completed before the gradient and the factors are written again
+        self.outgoing = self.pushes + [r for rs in self.factor_sends.values() for r in rs]
         # the server's keep-alive while it holds our pull (its content is never read)
         self.alive_buf = np.zeros(1)
         self.keepalive = comm.Recv_init([self.alive_buf, MPI.DOUBLE], 0, ALIVE_TAG)
@@ -105,7 +106,7 @@ class Worker:
             self.factor_sends[a.name] = [ctx.factor_comm.Send_init([buf, MPI.FLOAT], dest, 2 * a.index + k)
                                          for dest in destinations for k, buf in ((0, V), (1, U))]
         if self.sfb_bsp:
-            self.factor_recvs = self.stacked.receives(ctx.factor_comm, lambda q: q + 1, others)
+            self.factor_recvs = [r for r, _, _ in self.stacked.receives(ctx.factor_comm, lambda q: q + 1, others)]
             self.opt = build.optimizer(job, space.size)  # steps the SFB layers, on the host copy
             self.lr_at = build.schedule(job)
             self.sfb_grad = {a.name: np.empty((a.d_in, a.d_out), dtype=np.float32) for a in self.sfb}
@@ -147,7 +148,7 @@ class Worker:
                 self.fault.fire(f"iteration {iteration}")
             # the previous push was delivered before its reply came: complete it before the gradient
             # buffer is written again (and the factors' sends before the factors are)
-            wait_all(self.pushes + [r for rs in self.factor_sends.values() for r in rs], backoff, server)
+            wait_all(self.outgoing, backoff, server)
             self.started[:] = self.sfb_chunk
             c0 = time.perf_counter()
             loss = self.compute_gradient()
@@ -177,7 +178,7 @@ class Worker:
                        version=version, loss=loss, injected_delay_s=delay, epoch=self.stream.epochs_done)
             iteration += 1
             self.trace.maybe_flush()
-        wait_all(self.pushes + [r for rs in self.factor_sends.values() for r in rs], backoff, server)
+        wait_all(self.outgoing, backoff, server)
         self.keepalive.Cancel()  # the server sends none after our stop reply
         self.keepalive.Wait()
         self.trace.set_attrs(bytes=self.bytes.as_dict())
@@ -236,9 +237,9 @@ class Worker:
         for k in range(len(self.chunks)) if whole else self.pulled_chunks:
             self.bytes.received(self.chunk_tensor[k], PS, self.chunks[k].size * self.params_buf.itemsize)
         if self.sfb_bsp and not whole:
-            others = self.ctx.workers - 1
+            rows = (self.ctx.workers - 1) * self.stacked.batch  # the other workers' factors
             for a in self.sfb:
-                self.bytes.received(a.name, SFB, others * self.stacked.batch * (a.d_in + a.d_out) * 4)
+                self.bytes.received(a.name, SFB, rows * (a.d_in + a.d_out) * self.params_buf.itemsize)
 
     def _push_ready(self, name: str, stop: int) -> None:
         """Wait-free backprop: send the chunks of tensor `name` that lie within its first `stop`
