@@ -1,7 +1,7 @@
 """The job schema: dataclasses, TOML loading, ``--set key=value`` overrides and validation.
 
 A job is a TOML file whose tables mirror the dataclasses below (``[model]``, ``[data]``, ``[optim]``,
-``[sync]``, ``[stop]``, ``[eval]``, ``[straggler]``, ``[runtime]``, ``[trace]``, ``[checkpoint]``); every key can be
+``[sync]``, ``[stop]``, ``[eval]``, ``[straggler]``, ``[runtime]``, ``[trace]``, ``[checkpoint]``, ``[osdp]``); every key can be
 overridden with ``--set section.key=value``. Every value is checked against its field's type and
 range, and an error names the key, the value and what is allowed (:class:`ConfigError`).
 
@@ -156,6 +156,12 @@ class CheckpointConfig:
 
 
 @dataclass
+class OsdpConfig:
+    plan: str = _opt("", "OSDP plan file (JSON) written by python -m ebsp_mpi plan: per layer resident, on-demand or "
+                         "split; empty: every layer resident")
+
+
+@dataclass
 class JobConfig:
     name: str = _opt("default", "run name (the default output directory is runs/<name>-<timestamp>)")
     seed: int = _opt(0, "seed of initialisation, data split, shuffling and stragglers", min=0)
@@ -172,6 +178,7 @@ class JobConfig:
     trace: TraceConfig = field(default_factory=TraceConfig)
     comm: CommConfig = field(default_factory=CommConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    osdp: OsdpConfig = field(default_factory=OsdpConfig)
 
 
 PHASE_KEYS = {"worker": int, "t1": float, "t2": float, "factor": float}
