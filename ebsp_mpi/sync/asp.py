@@ -22,4 +22,4 @@ class ASP(SyncPolicy):
     name = "asp"
 
     def _decide_push(self, worker: int, t: float) -> Decision:
-        return Decision(release=(worker,))
+        return self._alone[worker]

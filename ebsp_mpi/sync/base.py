@@ -18,19 +18,25 @@ Protocol, in the server's order of calls:
 
 Terms follow the papers: ``done[i]`` is the number of gradients worker i has pushed, a *barrier* is a
 point where held workers are released together, *staleness* bounds how far ahead a worker may run.
+
+Cost: every call is O(log n) or amortised O(1) in the number of workers n (a release of k workers costs
+O(k) more), so that the simulator (:mod:`.simulate`) can drive thousands of virtual workers. The push
+counts live in a Python list (a NumPy element costs several times more to read and write), and the
+minimum over the active workers is kept by a count of workers per push count instead of a reduction.
 """
 
 from __future__ import annotations
 
+import bisect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
 
-@dataclass(frozen=True)
-class Decision:
-    """What the server does after an event.
+class Decision(NamedTuple):
+    """What the server does after an event (a named tuple: cheap to make once per push).
 
     Attributes
     ----------
@@ -75,39 +81,76 @@ class SyncPolicy(ABC):
         if workers < 1:
             raise ValueError(f"a sync policy needs at least one worker, got {workers}")
         self.workers = workers
-        self.done = np.zeros(workers, dtype=np.int64)
+        self._done = [0] * workers
         self.active: set[int] = set(range(workers))
-        #: the active workers as a sorted index array, for vectorized reductions over ``done``
+        #: the active workers as a sorted index array
         self.active_index = np.arange(workers)
         self.held: set[int] = set()
         #: barriers released so far: points where held workers were let go together (a BSP round is one;
         #: ASP, SSP and DSSP have none)
         self.barriers = 0
         self._records: list[Record] = []
+        # _count[d]: active workers that have pushed d times; _min: the least d with _count[d] > 0
+        self._count = [workers]
+        self._min = 0
+        # the decisions that release one worker, made once (ASP makes one per push)
+        self._alone = [Decision(release=(w,)) for w in range(workers)]
+        self._active_list = list(range(workers))  # sorted; a departure deletes by bisection
+        self._active_sorted: tuple[int, ...] | None = tuple(range(workers))
+
+    @property
+    def done(self) -> np.ndarray:
+        """Pushes of every worker (int64, a copy: :meth:`pushes` reads one without copying)."""
+        return np.array(self._done, dtype=np.int64)
+
+    def pushes(self, worker: int) -> int:
+        """Pushes of `worker` so far."""
+        return self._done[worker]
+
+    def active_sorted(self) -> tuple[int, ...]:
+        """The active workers in increasing order (kept until the next departure)."""
+        if self._active_sorted is None:
+            self._active_sorted = tuple(self._active_list)
+        return self._active_sorted
 
     # -- the protocol -------------------------------------------------------------------------
 
     def start(self, t: float) -> Decision:
         """Release every worker to pull the initial weights."""
-        return Decision(release=tuple(sorted(self.active)))
+        return Decision(release=self.active_sorted())
 
     def on_push(self, worker: int, t: float) -> Decision:
         """Count the push, then let the model decide (see :meth:`_decide_push`)."""
-        self._check_worker(worker)
+        if worker not in self.active:
+            self._check_worker(worker)
         if worker in self.held:
             raise ValueError(f"worker {worker} pushed while its pull was still held")
-        self.done[worker] += 1
+        d = self._done[worker]
+        self._done[worker] = d + 1
+        count = self._count
+        count[d] -= 1
+        if d + 1 == len(count):
+            count.append(1)
+        else:
+            count[d + 1] += 1
+        if d == self._min and not count[d]:
+            self._min = d + 1
         self.held.add(worker)
         decision = self._decide_push(worker, t)
-        self.held.difference_update(decision.release)
+        if decision.release:
+            self.held.difference_update(decision.release)
         return decision
 
     def on_leave(self, worker: int, t: float) -> Decision:
         """Remove a worker that stopped; nobody waits for it any more."""
         self._check_worker(worker)
         self.active.discard(worker)
+        self._active_sorted = None
+        del self._active_list[bisect.bisect_left(self._active_list, worker)]
         self.active_index = self.active_index[self.active_index != worker]
         self.held.discard(worker)
+        self._count[self._done[worker]] -= 1
+        self._min = self._least_count()
         decision = self._decide_leave(worker, t)
         release = tuple(w for w in decision.release if w in self.active)
         self.held.difference_update(release)
@@ -126,15 +169,21 @@ class SyncPolicy(ABC):
     # -- helpers -----------------------------------------------------------------------------
 
     def min_done(self) -> int:
-        """Pushes of the slowest active worker (0 when none is active); one reduction over ``done``."""
-        if not len(self.active_index):
-            return 0
-        return int(self.done[self.active_index].min())
+        """Pushes of the slowest active worker (0 when none is active); O(1)."""
+        return self._min if self.active else 0
+
+    def _least_count(self) -> int:
+        """The least push count of an active worker, searched upwards from the current minimum: a
+        departure can only raise it, so the search costs O(1) amortised over a run."""
+        d, count = self._min, self._count
+        while d < len(count) and not count[d]:
+            d += 1
+        return d if d < len(count) else 0
 
     def state_dict(self) -> dict:
         """What a checkpoint keeps of the policy: its name, every worker's pushes and the barriers
         released so far (plain data, for JSON)."""
-        return {"name": self.name, "done": [int(d) for d in self.done], "barriers": int(self.barriers)}
+        return {"name": self.name, "done": list(self._done), "barriers": int(self.barriers)}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from :meth:`state_dict`'s `state`. Everything else starts as in a new run: every
@@ -144,7 +193,12 @@ class SyncPolicy(ABC):
         if state.get("name") != self.name or len(state.get("done", ())) != self.workers:
             raise ValueError(f"a checkpoint of {state.get('name')!r} with {len(state.get('done', ()))} workers "
                              f"cannot resume {self.name!r} with {self.workers}")
-        self.done[:] = state["done"]
+        self._done = [int(d) for d in state["done"]]
+        self._count = [0] * (max(self._done) + 1)
+        for w in self.active:
+            self._count[self._done[w]] += 1
+        self._min = 0
+        self._min = self._least_count()
         self.barriers = int(state["barriers"])
 
     def take_records(self) -> list[Record]:

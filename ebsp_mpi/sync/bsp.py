@@ -37,8 +37,9 @@ class BSP(SyncPolicy):
 
     def _close_round_if_complete(self) -> Decision:
         # A held worker cannot push again, so "every active worker is held" means every active
-        # worker has pushed the current round and no more.
-        if self.active and self.held >= self.active:
+        # worker has pushed the current round and no more. The held workers are always active (a
+        # departure drops its worker from both), so comparing the counts is enough: O(1) per push.
+        if self.active and len(self.held) == len(self.active):
             self.barriers += 1
-            return Decision(release=tuple(sorted(self.active)), apply_round=True)
+            return Decision(release=self.active_sorted(), apply_round=True)
         return NOTHING

@@ -40,6 +40,8 @@ Decisions of the controller are kept in :attr:`DSSP.last_plan` and counted in
 
 from __future__ import annotations
 
+import heapq
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,6 +95,14 @@ class DSSP(SSP):
         The lower bound s (s_L in the paper), iterations.
     dssp_range : int
         r (r_max = s_U - s_L in the paper): how many extra iterations the controller may grant.
+
+    Notes
+    -----
+    The controller's prediction of the slowest workers' next push is the maximum, over the workers at
+    the minimum count, of release time plus interval. It is kept per push count in a max-heap of
+    (predicted push, worker) entries, one added whenever a worker's interval or release time changes;
+    entries outdated since (a later change, a later push, a departure) are dropped when they reach the
+    top. A controller call thus costs O(log n) amortised instead of a scan of every worker.
     """
 
     name = "dssp"
@@ -100,56 +110,97 @@ class DSSP(SSP):
     def __init__(self, workers: int, staleness: int = 3, dssp_range: int = 3):
         super().__init__(workers, staleness)
         self.dssp_range = check_count("dssp_range", dssp_range)
-        #: Current threshold s_i of every worker (iterations ahead of the slowest).
-        self.threshold = np.full(workers, self.staleness, dtype=np.int64)
+        self._threshold = [self.staleness] * workers
         # True while a worker runs the extra iterations of a plan (no new plan until it is held).
-        self._planned = np.zeros(workers, dtype=bool)
-        self._released_at = np.full(workers, np.nan)
-        self._interval = np.full(workers, np.nan)
+        self._planned = [False] * workers
+        self._released_at = [math.nan] * workers
+        self._interval = [math.nan] * workers
+        # push count -> heap of (-predicted next push, worker, stamp); stamp[w] counts w's changes
+        self._next: dict[int, list[tuple[float, int, int]]] = {}
+        self._stamp = [0] * workers
+        # workers with MIN_HISTORY pushes or more whose next push cannot be predicted (after a resume)
+        self._unknown: set[int] = set()
         #: The controller's most recent answer (None before its first call).
         self.last_plan: DSSPPlan | None = None
         #: How many times the controller was asked.
         self.controller_calls = 0
 
+    @property
+    def threshold(self) -> np.ndarray:
+        """Current threshold s_i of every worker (iterations ahead of the slowest; a copy)."""
+        return np.array(self._threshold, dtype=np.int64)
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self._next.clear()
+        for w in range(self.workers):
+            self._note(w)
+
     # -- protocol hooks: keep the timestamps the controller predicts from -------------------------
 
     def start(self, t: float) -> Decision:
         decision = super().start(t)
-        self._released_at[list(decision.release)] = t
+        self._released(decision.release, t)
         return decision
 
     def _decide_push(self, worker: int, t: float) -> Decision:
         self._interval[worker] = t - self._released_at[worker]
+        self._note(worker)
+        previous = self._floor
         decision = super()._decide_push(worker, t)
-        self._released_at[list(decision.release)] = t
+        for level in range(previous, self._floor):  # nobody is at these counts any more
+            self._next.pop(level, None)
+        self._released(decision.release, t)
         return decision
 
     def _decide_leave(self, worker: int, t: float) -> Decision:
+        previous = self._floor
         decision = super()._decide_leave(worker, t)
-        self._released_at[list(decision.release)] = t
+        for level in range(previous, self._floor):
+            self._next.pop(level, None)
+        self._unknown.discard(worker)
+        self._released(decision.release, t)
         return decision
+
+    def _released(self, workers, t: float) -> None:
+        for w in workers:
+            self._released_at[w] = t
+            self._note(w)
+
+    def _note(self, w: int) -> None:
+        """Worker ``w``'s predicted next push (release time plus interval) changed: file it under its count."""
+        self._stamp[w] += 1
+        d = self._done[w]
+        if d < MIN_HISTORY:  # never asked for: the controller predicts nothing below MIN_HISTORY
+            return
+        value = self._released_at[w] + self._interval[w]
+        if math.isfinite(value):
+            self._unknown.discard(w)
+            heapq.heappush(self._next.setdefault(d, []), (-value, w, self._stamp[w]))
+        else:
+            self._unknown.add(w)
 
     # -- the model -----------------------------------------------------------------------------
 
     def _admit(self, worker: int, t: float, floor: int) -> bool:
-        lead = int(self.done[worker]) - floor
+        lead = self._done[worker] - floor
         if lead <= self.staleness:
-            self.threshold[worker] = self.staleness
+            self._threshold[worker] = self.staleness
             self._planned[worker] = False
             return True
         if self._planned[worker]:
-            if lead <= self.threshold[worker]:
+            if lead <= self._threshold[worker]:
                 return True
             # The planned hold: wait for the slowest (SSP with bound s_i); plan anew afterwards.
             self._planned[worker] = False
             return False
         extra = self._plan(worker, t, lead)
-        self.threshold[worker] = lead - 1 + extra
+        self._threshold[worker] = lead - 1 + extra
         self._planned[worker] = extra > 0
         return extra > 0
 
     def _bound(self, worker: int) -> int:
-        return int(self.threshold[worker])
+        return self._threshold[worker]
 
     def _plan(self, worker: int, t: float, lead: int) -> int:
         """The synchronization controller: extra iterations for ``worker``, past the lower bound at ``t``."""
@@ -160,24 +211,29 @@ class DSSP(SSP):
         slowest = self._predict_slowest_push()
         extra = 0
         if most > 0 and interval is not None and slowest is not None:
-            # Worker's k-th next push lands at t + k * interval (k = 0: it is held now).
-            distance = [abs(t + k * interval - slowest) for k in range(most + 1)]
-            extra = int(np.argmin(distance))  # argmin returns the first minimum: ties -> smaller k
+            # Worker's k-th next push lands at t + k * interval (k = 0: it is held now); min() keeps
+            # the first of equal distances: ties -> smaller k
+            extra = min(range(most + 1), key=lambda k: abs(t + k * interval - slowest))
         self.last_plan = DSSPPlan(worker, t, lead, extra, lead - 1 + extra, interval, slowest)
         return extra
 
     def _predicted_interval(self, worker: int) -> float | None:
-        if self.done[worker] < MIN_HISTORY or not np.isfinite(self._interval[worker]):
+        interval = self._interval[worker]
+        if self._done[worker] < MIN_HISTORY or not math.isfinite(interval):
             return None
-        return float(self._interval[worker])
+        return interval
 
     def _predict_slowest_push(self) -> float | None:
         """When the minimum over active workers rises: the latest next push of those at the minimum."""
         floor = self.min_done()
-        slowest = self.active_index[self.done[self.active_index] == floor]
-        if floor < MIN_HISTORY or not len(slowest):
+        if floor < MIN_HISTORY or not self.active:
             return None
-        next_push = self._released_at[slowest] + self._interval[slowest]
-        if not np.all(np.isfinite(next_push)):
+        if any(self._done[w] == floor for w in self._unknown):
             return None
-        return float(next_push.max())
+        heap = self._next.get(floor)
+        while heap:
+            value, w, stamp = heap[0]
+            if stamp == self._stamp[w] and self._done[w] == floor and w in self.active:
+                return -value
+            heapq.heappop(heap)
+        return None

@@ -55,6 +55,7 @@ class _Barrier:
     r: dict[int, int]               # worker -> r_i, pushes after the decision
     predicted_t: dict[int, float]   # worker -> predicted time of its barrier push
     arrival: dict[int, float] = field(default_factory=dict)
+    missing: int = 0                # active members that have not arrived yet
 
 
 class ElasticBSP(SyncPolicy):
@@ -99,6 +100,9 @@ class ElasticBSP(SyncPolicy):
         self._clock = clock
         self._decided = 0
         self._barrier: _Barrier | None = None
+        # active workers that pushed min_pushes times since the last barrier: monitoring is complete
+        # when that is all of them (a count, not a scan of every worker at each push)
+        self._ready = 0
 
     # -- state the server and tests may look at ------------------------------------------------
 
@@ -118,27 +122,41 @@ class ElasticBSP(SyncPolicy):
 
     def _decide_push(self, worker: int, t: float) -> Decision:
         self.predictor.observe(worker, t)
+        if self.predictor.pushes(worker) == self.min_pushes:
+            self._ready += 1
         barrier = self._barrier
         if barrier is not None:
-            if worker in barrier.target and self.done[worker] >= barrier.target[worker]:
+            target = barrier.target.get(worker)
+            if target is not None and self._done[worker] >= target and worker not in barrier.arrival:
                 barrier.arrival[worker] = t
+                barrier.missing -= 1
                 return self._release_if_complete(t)
-            return Decision(release=(worker,))
+            return self._alone[worker]
         if self._monitoring_complete():
             self._decide(t)  # the pusher's barrier lies r >= 1 pushes ahead: it goes on now
-        return Decision(release=(worker,))
+        return self._alone[worker]
 
     def _decide_leave(self, worker: int, t: float) -> Decision:
-        if self._barrier is not None:
+        if self.predictor.pushes(worker) >= self.min_pushes:
+            self._ready -= 1
+        barrier = self._barrier
+        if barrier is not None:
+            if worker in barrier.target and worker not in barrier.arrival:
+                barrier.missing -= 1
             return self._release_if_complete(t)
         if self.active and self._monitoring_complete():
             self._decide(t)
         return NOTHING
 
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self._ready = 0  # the predictor starts afresh: monitoring, as after a barrier
+
     # -- the two phases --------------------------------------------------------------------------
 
     def _monitoring_complete(self) -> bool:
-        return all(self.predictor.ready(w, self.min_pushes) for w in self.active)
+        # with min_pushes >= 2 a worker counted in _ready has an interval measured since the barrier
+        return self._ready == len(self.active)
 
     def _decide(self, t: float) -> None:
         """Predict, run ZipLine and set each active worker's barrier (ICDM 2019, Alg. 1)."""
@@ -154,19 +172,21 @@ class ElasticBSP(SyncPolicy):
             t_decided=t,
             predicted_spread=result.spread,
             predicted_time=result.barrier_time,
-            target={w: int(self.done[w]) + r[w] for w in members},
+            target={w: self._done[w] + r[w] for w in members},
             r=r,
             predicted_t={w: float(M[i, result.index[i]]) for i, w in enumerate(members)},
+            missing=len(members),
         )
         self._decided += 1
 
     def _release_if_complete(self, t: float) -> Decision:
         barrier = self._barrier
-        members = [w for w in barrier.target if w in self.active]
-        if any(w not in barrier.arrival for w in members):
+        if barrier.missing:
             return NOTHING
+        members = [w for w in barrier.target if w in self.active]
         self._barrier = None
         self.predictor.reset()
+        self._ready = 0
         if not members:  # everyone left: the barrier never happens
             return NOTHING
         self._record_barrier(barrier, t)

@@ -12,6 +12,7 @@ across resets (it is the smoothed history).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -43,45 +44,50 @@ class PushPredictor:
         self.workers = workers
         self.rule = rule
         self.ema_alpha = float(ema_alpha)
-        self._last = np.full(workers, np.nan)       # time of the latest push since the reset
-        self._interval = np.full(workers, np.nan)   # latest interval since the reset
-        self._ema = np.full(workers, np.nan)        # smoothed interval, kept across resets
-        self._pushes = np.zeros(workers, dtype=np.int64)
+        # Python lists, not arrays: the policy reads and writes one worker per push
+        self._last = [math.nan] * workers       # time of the latest push since the reset
+        self._interval = [math.nan] * workers   # latest interval since the reset
+        self._ema = [math.nan] * workers        # smoothed interval, kept across resets
+        self._pushes = [0] * workers
 
     def observe(self, worker: int, t: float) -> None:
         """Record a push of ``worker`` at time ``t`` (seconds, non-decreasing per worker)."""
         self._check(worker)
         last = self._last[worker]
-        if not np.isnan(last):
+        if last == last:  # not NaN: a push since the reset
             interval = t - last
             if interval < 0:
                 raise ValueError(f"worker {worker} pushed at t={t}, before its previous push at t={last}")
             self._interval[worker] = interval
             ema = self._ema[worker]
             a = self.ema_alpha
-            self._ema[worker] = interval if np.isnan(ema) else a * interval + (1.0 - a) * ema
+            self._ema[worker] = interval if ema != ema else a * interval + (1.0 - a) * ema
         self._last[worker] = t
         self._pushes[worker] += 1
 
     def reset(self, worker: int | None = None) -> None:
         """Start a new monitoring phase for ``worker`` (all workers when None)."""
-        which = slice(None) if worker is None else self._check(worker)
-        self._last[which] = np.nan
-        self._interval[which] = np.nan
-        self._pushes[which] = 0
+        if worker is None:
+            self._last = [math.nan] * self.workers
+            self._interval = [math.nan] * self.workers
+            self._pushes = [0] * self.workers
+            return
+        w = self._check(worker)
+        self._last[w] = self._interval[w] = math.nan
+        self._pushes[w] = 0
 
     def pushes(self, worker: int) -> int:
         """Pushes of ``worker`` observed since its last reset."""
-        return int(self._pushes[self._check(worker)])
+        return self._pushes[self._check(worker)]
 
     def ready(self, worker: int, min_pushes: int = 2) -> bool:
         """Whether ``worker`` pushed ``min_pushes`` times since its reset and has an interval to use."""
         w = self._check(worker)
-        return bool(self._pushes[w] >= min_pushes and not np.isnan(self._rate()[w]))
+        return self._pushes[w] >= min_pushes and not math.isnan(self._rate(w))
 
     def interval(self, worker: int) -> float:
         """The interval (seconds per iteration) the rule predicts with; NaN when none is known."""
-        return float(self._rate()[self._check(worker)])
+        return self._rate(self._check(worker))
 
     def predict(self, workers: Sequence[int], R: int, first: int = 1) -> np.ndarray:
         """Predicted times of pushes k = first .. first+R−1 after each worker's latest push.
@@ -103,8 +109,9 @@ class PushPredictor:
         """
         if R < 1:
             raise ValueError(f"lookahead R must be >= 1, got {R}")
-        rows = np.asarray([self._check(w) for w in workers], dtype=np.int64)
-        last, rate = self._last[rows], self._rate()[rows]
+        rows = [self._check(w) for w in workers]
+        last = np.array([self._last[w] for w in rows], dtype=np.float64)
+        rate = np.array([self._rate(w) for w in rows], dtype=np.float64)
         unknown = np.flatnonzero(np.isnan(last) | np.isnan(rate))
         if unknown.size:
             raise ValueError(f"no push interval known yet for worker {int(rows[unknown[0]])} "
@@ -112,11 +119,11 @@ class PushPredictor:
         k = np.arange(first, first + R, dtype=np.float64)
         return last[:, None] + rate[:, None] * k[None, :]
 
-    def _rate(self) -> np.ndarray:
+    def _rate(self, w: int) -> float:
         if self.rule == "last":
-            return self._interval
+            return self._interval[w]
         # the EMA is only trusted once this phase measured an interval of its own
-        return np.where(np.isnan(self._interval), np.nan, self._ema)
+        return math.nan if math.isnan(self._interval[w]) else self._ema[w]
 
     def _check(self, worker: int) -> int:
         if not 0 <= worker < self.workers:

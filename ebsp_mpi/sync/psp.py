@@ -11,16 +11,25 @@ sample. Against all workers there is no fixed bound, only a probabilistic one (W
 outside every recent sample may fall further behind. With β >= n − 1 the sample is all the other active
 workers and PSP is SSP(s), release for release.
 
-The sample of worker i at its c-th push is drawn from a generator keyed by ``(seed, i, c)``, so a live
-run and a simulation of it draw the same samples, whatever the order of events.
+The sample of worker i at its c-th push is drawn by Floyd's algorithm (a uniform subset of β of the
+other active workers) from β uniforms keyed by ``(seed, i, c)``, so a live run and a simulation of it
+draw the same samples, whatever the order of events. The uniforms of 64 pushes of a worker come from
+one Philox generator keyed by ``(seed, i, c // 64)``: a generator per push would cost more than the
+rest of the push, and a simulation makes millions of them.
 """
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
-from .base import Decision, SyncPolicy
+from .base import NOTHING, Decision, SyncPolicy
 from .ssp import check_count
+
+
+#: Pushes of one worker whose uniforms are drawn together (see the module docstring).
+_BLOCK = 64
 
 
 class PSP(SyncPolicy):
@@ -52,27 +61,50 @@ class PSP(SyncPolicy):
         self.waiting: dict[int, tuple[tuple[int, ...], int]] = {}
         # worker j -> held workers whose sample holds j: a push of j can release only these
         self._dependents: dict[int, set[int]] = {}
+        # worker -> (block, its uniforms): see _uniforms
+        self._blocks: dict[int, tuple[int, np.ndarray]] = {}
 
     def draw(self, worker: int, pushes: int) -> tuple[int, ...]:
         """The sample of `worker` at its `pushes`-th push: β of the other active workers, seeded by
         ``(seed, worker, pushes)``, sorted."""
-        others = [w for w in self.active_index.tolist() if w != worker]
-        if len(others) <= self.sample:
-            return tuple(others)
-        rng = np.random.Generator(np.random.Philox(np.random.SeedSequence([self.seed, worker, pushes])))
-        return tuple(sorted(rng.choice(others, size=self.sample, replace=False).tolist()))
+        active = self._active_list
+        pos = bisect.bisect_left(active, worker)
+        present = pos < len(active) and active[pos] == worker
+        others = len(active) - present
+        if others <= self.sample:
+            return tuple(w for w in active if w != worker)
+        chosen: set[int] = set()
+        # Floyd: for j = m - β .. m - 1 take a uniform r in 0..j, or j itself if r is taken already
+        for u, j in zip(self._uniforms(worker, pushes), range(others - self.sample, others), strict=True):
+            r = int(u * (j + 1))
+            chosen.add(j if r in chosen else r)
+        skip = pos if present else len(active)  # positions among the others, past `worker` shifted by one
+        return tuple(sorted(active[p if p < skip else p + 1] for p in chosen))
+
+    def _uniforms(self, worker: int, pushes: int) -> list[float]:
+        """β uniforms in [0, 1) of `worker`'s `pushes`-th push (see the module docstring)."""
+        block, row = divmod(pushes, _BLOCK)
+        cached = self._blocks.get(worker)
+        if cached is None or cached[0] != block:
+            key = np.random.SeedSequence([self.seed, worker, block])
+            cached = (block, np.random.Generator(np.random.Philox(key)).random((_BLOCK, self.sample)))
+            self._blocks[worker] = cached
+        return cached[1][row].tolist()
 
     def _decide_push(self, worker: int, t: float) -> Decision:
-        need = int(self.done[worker]) - self.staleness
-        release = self._freed_by(worker)
-        sample = self.draw(worker, int(self.done[worker]))
+        pushes = self._done[worker]
+        need = pushes - self.staleness
+        release = self._freed_by(worker) if worker in self._dependents else []
+        sample = self.draw(worker, pushes)
         if self._within(sample, need):
+            if not release:
+                return self._alone[worker]
             release.append(worker)
         else:
             self.waiting[worker] = (sample, need)
             for j in sample:
                 self._dependents.setdefault(j, set()).add(worker)
-        return Decision(release=tuple(sorted(release)))
+        return Decision(release=tuple(sorted(release))) if release else NOTHING
 
     def _decide_leave(self, worker: int, t: float) -> Decision:
         # a worker that left holds nobody back: it counts as caught up in every sample
@@ -80,7 +112,11 @@ class PSP(SyncPolicy):
         return Decision(release=tuple(sorted(self._freed_by(worker))))
 
     def _within(self, sample: tuple[int, ...], need: int) -> bool:
-        return all(j not in self.active or int(self.done[j]) >= need for j in sample)
+        done, active = self._done, self.active
+        for j in sample:
+            if done[j] < need and j in active:
+                return False
+        return True
 
     def _freed_by(self, worker: int) -> list[int]:
         """Held workers that `worker`'s push (or departure) lets go: those whose sample now all caught up."""
@@ -99,3 +135,4 @@ class PSP(SyncPolicy):
         super().load_state_dict(state)
         self.waiting.clear()
         self._dependents.clear()
+        self._blocks.clear()

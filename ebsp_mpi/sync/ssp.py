@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import operator
 
-from .base import Decision, SyncPolicy
+from .base import NOTHING, Decision, SyncPolicy
 
 
 def check_count(name: str, value) -> int:
@@ -58,33 +58,42 @@ class SSP(SyncPolicy):
         self.staleness = check_count("staleness", staleness)
         # min_j done_j at the last decision: held workers can only become free when it rises.
         self._floor = 0
+        # held workers by the minimum at which they go: done_i - bound_i (their count and bound do not
+        # change while they are held), so a rise of the minimum frees its own list and scans no one else
+        self._waiting: dict[int, list[int]] = {}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self._floor = self.min_done()
+        self._waiting.clear()
 
     def lead(self, worker: int) -> int:
         """How many iterations ``worker`` is ahead of the slowest active worker: done_i - min_j done_j."""
-        return int(self.done[worker]) - self.min_done()
+        return self._done[worker] - self.min_done()
 
     def _decide_push(self, worker: int, t: float) -> Decision:
-        floor = self.min_done()
-        raised, self._floor = floor > self._floor, floor
-        release = [worker] if self._admit(worker, t, floor) else []
-        if raised:
-            release += self._freed(floor, skip=worker)
-        return Decision(release=tuple(sorted(release)))
+        floor = self._min
+        previous, self._floor = self._floor, floor
+        admitted = self._admit(worker, t, floor)
+        freed = self._freed(previous, floor) if floor > previous else []
+        if not admitted:
+            self._hold(worker)
+            return Decision(release=tuple(sorted(freed))) if freed else NOTHING
+        if not freed:
+            return self._alone[worker]
+        freed.append(worker)
+        return Decision(release=tuple(sorted(freed)))
 
     def _decide_leave(self, worker: int, t: float) -> Decision:
         # The minimum over the remaining workers can only be the same or higher.
-        self._floor = self.min_done()
-        return Decision(release=tuple(self._freed(self._floor)))
+        previous, self._floor = self._floor, self.min_done()
+        return Decision(release=tuple(sorted(self._freed(previous, self._floor))))
 
     # -- what DSSP refines -----------------------------------------------------------------------
 
     def _admit(self, worker: int, t: float, floor: int) -> bool:
         """May ``worker``, which just pushed at ``t``, start its next iteration now?"""
-        return int(self.done[worker]) - floor <= self.staleness
+        return self._done[worker] - floor <= self.staleness
 
     def _bound(self, worker: int) -> int:
         """The lead (iterations) up to which a held ``worker`` is released."""
@@ -92,9 +101,14 @@ class SSP(SyncPolicy):
 
     # -- helpers -----------------------------------------------------------------------------
 
-    def _freed(self, floor: int, skip: int = -1) -> list[int]:
-        """Held workers (other than ``skip``) whose lead is back within their bound."""
-        return [
-            w for w in sorted(self.held)
-            if w != skip and int(self.done[w]) - floor <= self._bound(w)
-        ]
+    def _hold(self, worker: int) -> None:
+        """Keep the held ``worker`` until the minimum reaches done_i - bound_i."""
+        self._waiting.setdefault(self._done[worker] - self._bound(worker), []).append(worker)
+
+    def _freed(self, previous: int, floor: int) -> list[int]:
+        """Held workers whose lead is back within their bound now that the minimum rose from
+        ``previous`` to ``floor`` (a worker that left meanwhile is not held any more)."""
+        freed = []
+        for f in range(previous + 1, floor + 1):
+            freed += [w for w in self._waiting.pop(f, ()) if w in self.held]
+        return freed
