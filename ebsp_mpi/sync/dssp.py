@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -53,8 +53,7 @@ from .ssp import SSP, check_count
 MIN_HISTORY = 2
 
 
-@dataclass(frozen=True)
-class DSSPPlan:
+class DSSPPlan(NamedTuple):
     """One answer of the synchronization controller (Zhao et al. 2019, Sec. IV).
 
     Attributes
@@ -145,11 +144,17 @@ class DSSP(SSP):
 
     def _decide_push(self, worker: int, t: float) -> Decision:
         self._interval[worker] = t - self._released_at[worker]
-        self._note(worker)
         previous = self._floor
         decision = super()._decide_push(worker, t)
-        for level in range(previous, self._floor):  # nobody is at these counts any more
-            self._next.pop(level, None)
+        if self._floor > previous:  # nobody is at the counts below the minimum any more
+            for level in range(previous, self._floor):
+                self._next.pop(level, None)
+        if worker not in decision.release:
+            # held: its prediction (last release plus the new interval) may be asked for while it is
+            # held; a released worker's is filed at its release, below (no query comes in between:
+            # the controller, run above for this pusher alone, asks for the minimum's count, which
+            # is below the pusher's own)
+            self._note(worker)
         self._released(decision.release, t)
         return decision
 
@@ -169,14 +174,18 @@ class DSSP(SSP):
 
     def _note(self, w: int) -> None:
         """Worker ``w``'s predicted next push (release time plus interval) changed: file it under its count."""
-        self._stamp[w] += 1
+        stamp = self._stamp[w] = self._stamp[w] + 1
         d = self._done[w]
         if d < MIN_HISTORY:  # never asked for: the controller predicts nothing below MIN_HISTORY
             return
         value = self._released_at[w] + self._interval[w]
-        if math.isfinite(value):
-            self._unknown.discard(w)
-            heapq.heappush(self._next.setdefault(d, []), (-value, w, self._stamp[w]))
+        if value - value == 0.0:  # finite
+            if self._unknown:
+                self._unknown.discard(w)
+            heap = self._next.get(d)
+            if heap is None:
+                heap = self._next[d] = []
+            heapq.heappush(heap, (-value, w, stamp))
         else:
             self._unknown.add(w)
 
@@ -211,9 +220,13 @@ class DSSP(SSP):
         slowest = self._predict_slowest_push()
         extra = 0
         if most > 0 and interval is not None and slowest is not None:
-            # Worker's k-th next push lands at t + k * interval (k = 0: it is held now); min() keeps
-            # the first of equal distances: ties -> smaller k
-            extra = min(range(most + 1), key=lambda k: abs(t + k * interval - slowest))
+            # Worker's k-th next push lands at t + k * interval (k = 0: it is held now); a strict <
+            # keeps the first of equal distances: ties -> smaller k
+            best = abs(t - slowest)
+            for k in range(1, most + 1):
+                distance = abs(t + k * interval - slowest)
+                if distance < best:
+                    best, extra = distance, k
         self.last_plan = DSSPPlan(worker, t, lead, extra, lead - 1 + extra, interval, slowest)
         return extra
 

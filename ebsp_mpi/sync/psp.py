@@ -59,10 +59,10 @@ class PSP(SyncPolicy):
         self.seed = check_count("seed", seed)
         #: held worker -> (its sample, the push count every sampled worker must reach)
         self.waiting: dict[int, tuple[tuple[int, ...], int]] = {}
-        # worker j -> held workers whose sample holds j: a push of j can release only these
-        self._dependents: dict[int, set[int]] = {}
+        # worker j -> held workers watching j, a laggard of their sample (see _freed_by)
+        self._watchers: dict[int, list[int]] = {}
         # worker -> (block, its uniforms): see _uniforms
-        self._blocks: dict[int, tuple[int, np.ndarray]] = {}
+        self._blocks: dict[int, tuple[int, list[list[float]]]] = {}
 
     def draw(self, worker: int, pushes: int) -> tuple[int, ...]:
         """The sample of `worker` at its `pushes`-th push: β of the other active workers, seeded by
@@ -73,13 +73,17 @@ class PSP(SyncPolicy):
         others = len(active) - present
         if others <= self.sample:
             return tuple(w for w in active if w != worker)
-        chosen: set[int] = set()
         # Floyd: for j = m - β .. m - 1 take a uniform r in 0..j, or j itself if r is taken already
-        for u, j in zip(self._uniforms(worker, pushes), range(others - self.sample, others), strict=True):
+        chosen: list[int] | set[int] = [] if self.sample <= 16 else set()
+        add = chosen.append if isinstance(chosen, list) else chosen.add
+        j = others - self.sample
+        for u in self._uniforms(worker, pushes):
             r = int(u * (j + 1))
-            chosen.add(j if r in chosen else r)
-        skip = pos if present else len(active)  # positions among the others, past `worker` shifted by one
-        return tuple(sorted(active[p if p < skip else p + 1] for p in chosen))
+            add(j if r in chosen else r)
+            j += 1
+        if present:  # positions among the others: those from `worker`'s own on are one further
+            return tuple(sorted([active[p + (p >= pos)] for p in chosen]))
+        return tuple(sorted([active[p] for p in chosen]))
 
     def _uniforms(self, worker: int, pushes: int) -> list[float]:
         """β uniforms in [0, 1) of `worker`'s `pushes`-th push (see the module docstring)."""
@@ -87,23 +91,23 @@ class PSP(SyncPolicy):
         cached = self._blocks.get(worker)
         if cached is None or cached[0] != block:
             key = np.random.SeedSequence([self.seed, worker, block])
-            cached = (block, np.random.Generator(np.random.Philox(key)).random((_BLOCK, self.sample)))
+            cached = (block, np.random.Generator(np.random.Philox(key)).random((_BLOCK, self.sample)).tolist())
             self._blocks[worker] = cached
-        return cached[1][row].tolist()
+        return cached[1][row]
 
     def _decide_push(self, worker: int, t: float) -> Decision:
         pushes = self._done[worker]
         need = pushes - self.staleness
-        release = self._freed_by(worker) if worker in self._dependents else []
+        release = self._freed_by(worker) if worker in self._watchers else []
         sample = self.draw(worker, pushes)
-        if self._within(sample, need):
+        lagging = self._lagging(sample, need)
+        if lagging < 0:
             if not release:
                 return self._alone[worker]
             release.append(worker)
         else:
             self.waiting[worker] = (sample, need)
-            for j in sample:
-                self._dependents.setdefault(j, set()).add(worker)
+            self._watchers.setdefault(lagging, []).append(worker)
         return Decision(release=tuple(sorted(release))) if release else NOTHING
 
     def _decide_leave(self, worker: int, t: float) -> Decision:
@@ -111,28 +115,41 @@ class PSP(SyncPolicy):
         self.waiting.pop(worker, None)
         return Decision(release=tuple(sorted(self._freed_by(worker))))
 
-    def _within(self, sample: tuple[int, ...], need: int) -> bool:
+    def _lagging(self, sample: tuple[int, ...], need: int) -> int:
+        """The first active worker of `sample` with fewer than `need` pushes; -1 when none."""
         done, active = self._done, self.active
         for j in sample:
             if done[j] < need and j in active:
-                return False
-        return True
+                return j
+        return -1
 
     def _freed_by(self, worker: int) -> list[int]:
-        """Held workers that `worker`'s push (or departure) lets go: those whose sample now all caught up."""
+        """Held workers that `worker`'s push (or departure) lets go: those whose sample now all caught up.
+
+        A held worker watches one lagging worker of its sample at a time (the first); when that one
+        pushes or leaves, the held worker goes if nobody of its sample lags any more, else it watches
+        the next laggard. It is thus let go at the push that brings its last laggard up, as if it
+        checked its whole sample at every push of any of them, for O(1) per push that changes nothing.
+        """
         freed = []
-        for i in sorted(self._dependents.pop(worker, ())):
-            if i in self.waiting and self._within(*self.waiting[i]):
-                sample, _ = self.waiting.pop(i)
-                for j in sample:
-                    self._dependents.get(j, set()).discard(i)
+        done, active, watchers = self._done, self.active, self._watchers
+        for i in watchers.pop(worker, ()):
+            if i not in self.waiting:  # it left while held
+                continue
+            sample, need = self.waiting[i]
+            if done[worker] < need and worker in active:  # still behind: keep watching it
+                watchers.setdefault(worker, []).append(i)
+                continue
+            lagging = self._lagging(sample, need)
+            if lagging < 0:
+                del self.waiting[i]
                 freed.append(i)
-            elif i in self.waiting:  # still waiting on others of its sample: keep listening to this one
-                self._dependents.setdefault(worker, set()).add(i)
+            else:
+                watchers.setdefault(lagging, []).append(i)
         return freed
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.waiting.clear()
-        self._dependents.clear()
+        self._watchers.clear()
         self._blocks.clear()

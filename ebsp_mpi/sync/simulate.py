@@ -3,25 +3,36 @@
 Each worker repeats: receive weights (be *released*), compute for its iteration interval, *push*.
 The simulation feeds the pushes to the policy in time order, exactly as the parameter server would,
 and releases whom the policy names. It is deterministic: pushes at equal times are handled in worker
-order. It serves the unit tests (invariants of every model) and, later, a ``simulate`` subcommand for
-many workers.
+order. It serves the unit tests (invariants of every model) and ``python -m ebsp_mpi simulate``
+(:mod:`ebsp_mpi.simrun`), which writes what it observed as a run directory.
 
-Protocol as simulated (see :mod:`ebsp_mpi.sync.base`):
+Protocol as simulated (see :mod:`ebsp_mpi.sync.base`), as the server (``runtime/server.py``) runs it:
 
 1. ``policy.start(t0)`` releases the workers for their first iteration.
-2. A worker released at time r for its k-th iteration (k = 0, 1, ...) pushes at r + interval(w, k)
+2. A worker released at time r for its k-th iteration (k = 0, 1, ...) pushes at r + interval(w, k, r)
    and calls ``policy.on_push``.
 3. After its ``iterations``-th push a worker stops: ``policy.on_push`` is still called (the gradient
    counts), any release of that worker is ignored, and ``policy.on_leave`` follows at the same time.
+   With a time limit ``until``, a worker released at ``t >= until`` stops there instead of starting
+   another iteration (the server's stop reply), and ``policy.on_leave`` follows.
 
 The *wait* of a push is the time from the push to the worker's next release (the pull held by the
-sync model); a worker's last push has no wait.
+sync model); a worker's last push has no wait, unless the time limit stopped it while held.
+
+Versions count optimizer steps as the server does: every push is one, except under a ``round_based``
+policy (BSP), where a completed round with pushes in it is one. Each iteration records the version it
+started from and the version its push found on arrival; their difference is the push's staleness.
+
+Cost per push: a heap operation, the policy's call (O(log n) or amortised O(1), see
+:mod:`ebsp_mpi.sync.base`) and a few appends to per-worker arrays (8 bytes each), so that a run of
+millions of pushes fits in memory. ``bench simulate`` measures it against a bare :mod:`heapq` loop.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -29,8 +40,13 @@ import numpy as np
 
 from .base import Decision, SyncPolicy
 
-#: Per-worker constant intervals (seconds), or ``interval(worker, k)`` for worker's k-th iteration.
-Intervals = Sequence[float] | Callable[[int, int], float]
+#: Per-worker constant intervals (seconds); ``interval(worker, k)`` for worker's k-th iteration; an
+#: (n, m) array whose row w worker w cycles through; or an object with ``interval(worker, k, t)`` (t:
+#: the release time, for slow phases in run time).
+Intervals = Sequence[float] | Callable[[int, int], float] | np.ndarray | object
+
+#: Pushes between two calls of the ``progress`` callback.
+PROGRESS_EVERY = 1 << 16
 
 
 class SimulationDeadlock(RuntimeError):
@@ -77,44 +93,83 @@ class SimResult:
     ----------
     policy : str
         The policy's name.
-    iterations : list of list of (float, float)
-        Per worker, per iteration: (release time, push time), seconds.
+    start, push : list of numpy.ndarray
+        Per worker, per iteration: its release time and its push time (float64, seconds).
+    used, before : list of numpy.ndarray
+        Per worker, per iteration: the version it started from, and the version its push found (int64).
+    end : numpy.ndarray
+        Per worker, when it stopped (its last push, or the release that stopped it), seconds.
+    stop_version : numpy.ndarray
+        Per worker, the version of the reply that stopped it (int64).
     wait : numpy.ndarray
         Per worker, total seconds its pulls were held (float64, shape (workers,)).
     releases : list of Release
-        Every decision that released someone, in time order (``start`` first).
+        Every decision that released someone, in time order (``start`` first); empty when
+        :func:`simulate` was asked not to keep them.
+    barriers : int
+        The policy's barrier count at the end.
+    versions : int
+        Optimizer steps applied (the final version).
     """
 
     policy: str
-    iterations: list[list[tuple[float, float]]]
+    start: list[np.ndarray]
+    push: list[np.ndarray]
+    used: list[np.ndarray]
+    before: list[np.ndarray]
+    end: np.ndarray
+    stop_version: np.ndarray
     wait: np.ndarray
     releases: list[Release] = field(default_factory=list)
+    barriers: int = 0
+    versions: int = 0
+
+    @property
+    def workers(self) -> int:
+        return len(self.start)
+
+    @property
+    def pushes(self) -> int:
+        """Pushes of all workers."""
+        return sum(len(p) for p in self.push)
+
+    @property
+    def iterations(self) -> list[list[tuple[float, float]]]:
+        """Per worker, per iteration: (release time, push time), seconds (built on each call)."""
+        return [list(zip(s.tolist(), p.tolist(), strict=True)) for s, p in zip(self.start, self.push, strict=True)]
 
     @property
     def makespan(self) -> float:
         """Time of the last push (seconds)."""
-        return max((it[-1][1] for it in self.iterations if it), default=0.0)
+        return max((float(p[-1]) for p in self.push if len(p)), default=0.0)
 
     def waits(self, worker: int) -> list[float]:
         """Seconds each push of ``worker`` but the last waited for its release."""
-        its = self.iterations[worker]
-        return [its[k + 1][0] - its[k][1] for k in range(len(its) - 1)]
+        return (self.start[worker][1:] - self.push[worker][:-1]).tolist()
 
 
-def simulate(policy: SyncPolicy, intervals: Intervals, iterations: int, *, t0: float = 0.0) -> SimResult:
-    """Run ``policy.workers`` virtual workers for ``iterations`` iterations each.
+def simulate(policy: SyncPolicy, intervals: Intervals, iterations: int | None = None, *, t0: float = 0.0,
+             until: float = math.inf, keep_releases: bool = True,
+             progress: Callable[[int], None] | None = None) -> SimResult:
+    """Run ``policy.workers`` virtual workers for ``iterations`` iterations each (or until ``until``).
 
     Parameters
     ----------
     policy : SyncPolicy
         A fresh policy (nobody has pushed yet); it is driven in place.
-    intervals : sequence of float, or callable
-        Seconds one iteration of a worker takes (compute plus push): one constant per worker, or a
-        function ``interval(worker, k)`` of the worker and its 0-based iteration number.
-    iterations : int
-        Iterations (pushes) each worker does before it leaves (>= 1).
+    intervals : see :data:`Intervals`
+        Seconds from a worker's release to its push (compute plus push).
+    iterations : int, optional
+        Iterations (pushes) each worker does before it leaves (>= 1); None: only ``until`` stops.
     t0 : float
         Start time (seconds).
+    until : float
+        Time limit (seconds): a worker released at or after it stops (``stop.seconds``).
+    keep_releases : bool
+        Keep every release decision in :attr:`SimResult.releases` (the tests read them; a large run
+        need not).
+    progress : callable, optional
+        Called with the pushes so far every :data:`PROGRESS_EVERY` pushes.
 
     Returns
     -------
@@ -123,75 +178,166 @@ def simulate(policy: SyncPolicy, intervals: Intervals, iterations: int, *, t0: f
     Raises
     ------
     ValueError
-        For bad intervals or iteration counts.
+        For bad intervals, iteration counts or time limits.
     SimulationDeadlock
         When workers are still held and no push is pending.
     RuntimeError
         When the policy releases a worker whose pull is not pending.
     """
     n = policy.workers
-    interval_of = _interval_function(intervals, n)
-    if isinstance(iterations, bool) or not isinstance(iterations, (int, np.integer)) or iterations < 1:
+    interval = _interval_function(intervals, n)
+    if iterations is not None and (isinstance(iterations, bool) or not isinstance(iterations, (int, np.integer))
+                                   or iterations < 1):
         raise ValueError(f"iterations must be an integer >= 1, got {iterations!r}")
-
-    log: list[list[tuple[float, float]]] = [[] for _ in range(n)]
-    wait = np.zeros(n)
+    if iterations is None and not until < math.inf:
+        raise ValueError("simulate needs an iteration count or a finite time limit (until)")
+    limit = -1 if iterations is None else int(iterations)
+    round_based = policy.round_based
+    starts, pushes = [array("d") for _ in range(n)], [array("d") for _ in range(n)]
+    used, before = [array("q") for _ in range(n)], [array("q") for _ in range(n)]
+    count = [0] * n  # pushes of each worker
+    wait = [0.0] * n
+    end = [math.nan] * n
+    stop_version = [0] * n
+    pulled_at: list[float | None] = [t0] * n  # when a worker's pull became pending; None: not pending
+    heap: list[tuple[float, int]] = []
     releases: list[Release] = []
-    pending: list[tuple[float, int]] = []  # heap of (push time, worker)
-    pulled_at: list[float | None] = [t0] * n  # time a worker's pull became pending; None: not pending
+    stopping: list[tuple[int, float]] = []  # released at or after `until`: stop reply out, on_leave due
+    version = round_pushes = 0
 
-    def apply(decision: Decision, t: float, leaving: int = -1) -> None:
-        released = tuple(w for w in decision.release if w != leaving)
-        if not released:
+    def carry_out(decision: Decision, t: float, leaving: int) -> None:
+        nonlocal version, round_pushes
+        if decision.apply_round and round_pushes:
+            version += 1
+            round_pushes = 0
+        release = decision.release
+        if leaving >= 0 and leaving in release:
+            release = tuple(w for w in release if w != leaving)
+        if not release:
             return
-        releases.append(
-            Release(t, released, tuple(int(policy.done[w]) for w in released), policy.min_done(),
-                    len(policy.active), decision.apply_round)
-        )
-        for w in released:
+        if keep_releases:
+            releases.append(Release(t, tuple(release), tuple(policy.pushes(w) for w in release),
+                                    policy.min_done(), len(policy.active), decision.apply_round))
+        for w in release:
             since = pulled_at[w]
             if since is None:
-                raise RuntimeError(
-                    f"policy {policy.name!r} released worker {w} at t={t}, whose pull was not pending"
-                )
+                raise RuntimeError(f"policy {policy.name!r} released worker {w} at t={t}, "
+                                   f"whose pull was not pending")
             pulled_at[w] = None
             wait[w] += t - since
-            push_t = t + interval_of(w, len(log[w]))
-            log[w].append((t, push_t))
-            heapq.heappush(pending, (push_t, w))
+            if t >= until:
+                stopping.append((w, t))
+                continue
+            starts[w].append(t)
+            used[w].append(version)
+            heapq.heappush(heap, (t + interval(w, count[w], t), w))
 
-    apply(policy.start(t0), t0)
-    while pending:
-        t, w = heapq.heappop(pending)
+    def retire(w: int, t: float) -> None:
+        pulled_at[w] = None
+        end[w] = t
+        stop_version[w] = version
+        carry_out(policy.on_leave(w, t), t, w)
+
+    carry_out(policy.start(t0), t0, -1)
+    events = 0
+    on_push, heappop, heappush = policy.on_push, heapq.heappop, heapq.heappush
+    push_append, before_append = [a.append for a in pushes], [a.append for a in before]
+    start_append, used_append = [a.append for a in starts], [a.append for a in used]
+    general = keep_releases or until < math.inf
+    while True:
+        while stopping:  # a departure may release (and so stop) others: a work list, not recursion
+            retire(*stopping.pop(0))
+        if not heap:
+            break
+        t, w = heappop(heap)
+        k = count[w]
+        push_append[w](t)
+        before_append[w](version)
+        count[w] = k + 1
+        if round_based:
+            round_pushes += 1
+        else:
+            version += 1
         pulled_at[w] = t
-        last = len(log[w]) == iterations
-        apply(policy.on_push(w, t), t, leaving=w if last else -1)
-        if last:
-            pulled_at[w] = None
-            apply(policy.on_leave(w, t), t, leaving=w)
+        decision = on_push(w, t)
+        release = decision.release
+        if k + 1 == limit:
+            carry_out(decision, t, w)
+            retire(w, t)
+        elif general or len(release) != 1 or decision.apply_round:
+            carry_out(decision, t, -1)
+        else:  # one worker released and nothing else: carry_out's common case, written out for speed
+            v = release[0]
+            since = pulled_at[v]
+            if since is None:
+                raise RuntimeError(f"policy {policy.name!r} released worker {v} at t={t}, "
+                                   f"whose pull was not pending")
+            pulled_at[v] = None
+            wait[v] += t - since
+            start_append[v](t)
+            used_append[v](version)
+            heappush(heap, (t + interval(v, count[v], t), v))
+        events += 1
+        if progress is not None and not events % PROGRESS_EVERY:
+            progress(events)
 
-    stuck = [w for w in range(n) if pulled_at[w] is not None or len(log[w]) < iterations]
+    stuck = [w for w in range(n) if pulled_at[w] is not None]
     if stuck:
         raise SimulationDeadlock(
-            f"policy {policy.name!r} holds workers {stuck} with no push pending "
-            f"(pushes done: {[int(policy.done[w]) for w in stuck]}, held: {sorted(policy.held)})"
+            f"policy {policy.name!r} holds workers {stuck[:20]}{'...' if len(stuck) > 20 else ''} with no push "
+            f"pending (pushes done: {[count[w] for w in stuck[:20]]}, held: {sorted(policy.held)[:20]})"
         )
-    return SimResult(policy.name, log, wait, releases)
+    return SimResult(
+        policy=policy.name, start=[_numpy(a, np.float64) for a in starts], push=[_numpy(a, np.float64) for a in pushes],
+        used=[_numpy(a, np.int64) for a in used], before=[_numpy(a, np.int64) for a in before],
+        end=np.array(end), stop_version=np.array(stop_version, dtype=np.int64), wait=np.array(wait),
+        releases=releases, barriers=policy.barriers, versions=version)
 
 
-def _interval_function(intervals: Intervals, n: int) -> Callable[[int, int], float]:
-    """Turn ``intervals`` into a checked ``interval(worker, k)`` (seconds, finite, >= 0)."""
-    if callable(intervals):
-        raw = intervals
+def _numpy(values: array, dtype) -> np.ndarray:
+    """An array.array as a NumPy array without a copy (read-only)."""
+    return np.frombuffer(values, dtype=dtype) if len(values) else np.zeros(0, dtype=dtype)
+
+
+def _interval_function(intervals: Intervals, n: int) -> Callable[[int, int, float], float]:
+    """Turn ``intervals`` into a checked ``interval(worker, k, t)`` (seconds, finite, >= 0).
+
+    An array is checked once, here; an object whose ``interval`` method checks its own values says so
+    with a true ``checked`` attribute; anything else is checked at each call.
+    """
+    if hasattr(intervals, "interval"):
+        if getattr(intervals, "checked", False):
+            return intervals.interval
+        raw = intervals.interval
+    elif isinstance(intervals, np.ndarray) and intervals.ndim == 2:
+        if intervals.shape[0] != n or intervals.shape[1] < 1:
+            raise ValueError(f"intervals: expected an ({n}, m) array with m >= 1, got shape {intervals.shape}")
+        bad = np.argwhere(~((intervals >= 0) & np.isfinite(intervals)))
+        if len(bad):
+            w, k = (int(x) for x in bad[0])
+            raise ValueError(f"interval of worker {w}, iteration {k}: expected finite seconds >= 0, "
+                             f"got {intervals[w, k]}")
+        rows = intervals.astype(np.float64).tolist()
+        m = intervals.shape[1]
+
+        def cycled(w: int, k: int, t: float) -> float:
+            return rows[w][k % m]
+
+        return cycled
+    elif callable(intervals):
+        def raw(w: int, k: int, t: float, f=intervals) -> float:
+            return f(w, k)
     else:
         values = [float(v) for v in intervals]
         if len(values) != n:
             raise ValueError(f"intervals: expected one per worker ({n}), got {len(values)}")
-        raw = lambda w, k: values[w]  # noqa: E731
 
-    def interval(w: int, k: int) -> float:
-        value = float(raw(w, k))
-        if not math.isfinite(value) or value < 0:
+        def raw(w: int, k: int, t: float) -> float:
+            return values[w]
+
+    def interval(w: int, k: int, t: float) -> float:
+        value = float(raw(w, k, t))
+        if not 0.0 <= value < math.inf:
             raise ValueError(
                 f"interval of worker {w}, iteration {k}: expected finite seconds >= 0, got {value}"
             )
