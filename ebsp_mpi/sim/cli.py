@@ -1,0 +1,108 @@
+"""``python -m ebsp_mpi simulate``: a run of the job's sync policy with virtual workers, no MPI.
+
+::
+
+    python -m ebsp_mpi simulate JOB.toml --workers 1024 --iterations 200 --out /tmp/sim
+    python -m ebsp_mpi simulate --replay RUN_DIR --out /tmp/replayed      # the run's own job and times
+    python -m ebsp_mpi simulate --sweep jobs/sweeps/simulate-scaling.toml --out /tmp/scaling
+
+``JOB`` and ``--set`` as for ``train``. The iteration times come from the job's straggler model
+(``straggler.base_s`` and the rest), or with ``--replay`` from a recorded run's traces. The run stops
+after ``--iterations`` (else ``stop.iterations``) pushes per worker, or at ``stop.seconds``. The output
+is a run directory that ``report``, ``compare`` and ``timeline`` read as they read ``train``'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import UsageError
+
+
+def add_parser(subparsers) -> None:
+    """Register ``simulate`` on the CLI's subparsers (``ebsp_mpi.cli``)."""
+    p = subparsers.add_parser("simulate", help="simulate the job's sync model with N virtual workers (no MPI)",
+                              description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n", 2)[2],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("job", nargs="?", metavar="JOB.toml",
+                   help="job file (default: the replayed run's job with --replay, else the embedded default)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a job key, as for train (repeatable)")
+    p.add_argument("--workers", "-n", type=int, metavar="N",
+                   help="virtual workers (default: sync.workers, or the replayed run's)")
+    p.add_argument("--iterations", type=int, metavar="K", help="pushes per worker (default: stop.iterations)")
+    p.add_argument("--replay", metavar="RUN_DIR", help="replay the iteration times recorded in this run's traces")
+    p.add_argument("--sweep", metavar="FILE", help="simulate every member of a sweep file, then tabulate them")
+    p.add_argument("--out", metavar="DIR", help="run directory (default runs/<name>-simulated-<timestamp>)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    p.set_defaults(run=main)
+
+
+def main(args) -> int:
+    if args.sweep:
+        if args.job or args.replay or args.overrides or args.workers is not None or args.iterations is not None:
+            raise UsageError("simulate --sweep FILE: the sweep file names the jobs; give no JOB, --set, --workers, "
+                             "--iterations or --replay")
+        from .study import run_sweep
+
+        run_sweep(args.sweep, args.out, show_progress=not args.quiet)
+        return 0
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"--workers {args.workers}: needs at least 1 worker")
+    if args.iterations is not None and args.iterations < 1:
+        raise UsageError(f"--iterations {args.iterations}: needs at least 1")
+    job = _job(args)
+    workers = _workers(args, job)
+
+    from ..outputs import make_run_dir, remove_if_unused
+    from .run import describe, simulate_job
+
+    run_dir = make_run_dir(args.out, f"{job.name}-simulated")
+    try:
+        summary = simulate_job(job, workers, run_dir, replay=args.replay, iterations=args.iterations,
+                               show_progress=not args.quiet)
+    except UsageError:
+        remove_if_unused(run_dir)
+        raise
+    print(describe(summary, run_dir))
+    return 0
+
+
+def _job(args):
+    """The job: JOB with --set; with --replay and no JOB, the replayed run's own job with --set."""
+    from ..config import apply_overrides, job_from_dict, load_job
+
+    if args.job or not args.replay:
+        return load_job(args.job, args.overrides)
+    config = _replayed_config(Path(args.replay))
+    return apply_overrides(job_from_dict(config, f"--replay {args.replay}"), args.overrides)
+
+
+def _replayed_config(run_dir: Path) -> dict:
+    from ..trace.reader import TraceError, read_summary, read_trace
+
+    if not run_dir.is_dir():
+        raise UsageError(f"--replay {run_dir}: no such directory (expected the --out of a train run)")
+    summary, _ = read_summary(run_dir)
+    config = summary.get("config")
+    if not isinstance(config, dict):
+        try:
+            config = read_trace(run_dir / "trace" / "rank-0000.h5").config
+        except TraceError:
+            config = None
+    if not config:
+        raise UsageError(f"--replay {run_dir}: not a run directory (no summary.json or server trace naming its job)")
+    return config
+
+
+def _workers(args, job) -> int:
+    if args.workers is not None:
+        return args.workers
+    if job.sync.workers:
+        return job.sync.workers
+    if args.replay:
+        from .workers import read_replay
+
+        return len(read_replay(Path(args.replay)))
+    raise UsageError("simulate: how many workers? give --workers N (or --set sync.workers=N)")

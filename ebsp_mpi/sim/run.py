@@ -1,0 +1,217 @@
+"""A simulated run: the job's sync policy driven by virtual workers, written as a run directory.
+
+The run directory has the layout and schema of ``train``'s (DESIGN.md "Run outputs"), so ``report``,
+``compare`` and ``timeline`` read it unchanged:
+
+- ``summary.json`` with every key of :data:`ebsp_mpi.outputs.SUMMARY_KEYS` (``backend`` is
+  ``"simulated"``; the test loss and accuracy, the loss and the MPI library are null: there are no
+  weights and no MPI) and one more, ``simulation``: where the iteration times came from and how fast
+  the simulation ran;
+- ``trace/rank-0000.h5``, the server's ``pushes``, ``pulls`` and the policy's own tables (ElasticBSP's
+  ``barriers``, ``barrier_members`` and ``zipline``), and ``trace/rank-NNNN.h5``, worker NNNN-1's
+  ``iterations``; every file's root attributes say ``backend = "simulated"`` and ``simulated = true``.
+
+Rows are built as whole NumPy arrays per table and written in one piece each (a Python call per row
+would cost more than the simulation). Times are seconds since the simulated start.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from .. import __version__
+from ..config import JobConfig, to_dict
+from ..errors import UsageError
+from ..outputs import AccuracyTargets, build_summary, write_summary
+from ..progress import Progress
+from ..straggler import straggler_model
+from ..sync.registry import make_policy
+from ..sync.simulate import SimResult, simulate
+from ..trace.schema import BARRIER_MEMBERS, BARRIERS, ITERATIONS, PULLS, PUSHES, TABLES, ZIPLINE
+from ..trace.writer import TraceWriter, trace_path
+from .workers import ModelWorkers, ReplayWorkers
+
+#: Target bytes of one HDF5 chunk, as the live trace writer's.
+_CHUNK_BYTES = 64 * 1024
+_LIBVER = ("earliest", "v108")
+
+
+def stop_rule(job: JobConfig, iterations: int | None) -> tuple[int | None, float]:
+    """(iterations per worker or None, time limit in seconds or inf) of the simulation.
+
+    ``iterations`` (``--iterations``) wins; else the job's ``stop.iterations``; ``stop.seconds`` is a
+    time limit. ``stop.epochs`` needs the dataset's size, which a simulation never loads, so a job
+    stopped by epochs alone is refused.
+    """
+    limit = iterations if iterations is not None else (job.stop.iterations or None)
+    until = job.stop.seconds or math.inf
+    if limit is None and until == math.inf:
+        raise UsageError("simulate: how long? the job stops by stop.epochs only, and a simulation has no data; "
+                         "give --iterations K or --set stop.iterations=K (or stop.seconds)")
+    return limit, until
+
+
+def virtual_workers(job: JobConfig, workers: int, replay: str | os.PathLike | None):
+    """The iteration times: a replay of ``replay``'s run, else the job's straggler model."""
+    if replay is not None:
+        return ReplayWorkers(replay, workers)
+    try:
+        model = straggler_model(job.straggler, workers, job.seed)
+    except ValueError as e:
+        raise UsageError(f"simulate with {workers} workers: {e}") from None
+    return ModelWorkers(model)
+
+
+def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, iterations: int | None = None,
+                 show_progress: bool = True) -> dict:
+    """Simulate `job` with `workers` virtual workers into `run_dir`; returns the summary (also written).
+
+    Raises
+    ------
+    UsageError
+        For fewer than one worker, a policy or straggler model that does not fit `workers`, a replay
+        directory that is not a run, or a job with no iteration or time limit.
+    """
+    if workers < 1:
+        raise UsageError(f"simulate: --workers {workers}: needs at least 1 worker")
+    limit, until = stop_rule(job, iterations)
+    source = virtual_workers(job, workers, replay)
+    try:
+        policy = make_policy(job.sync, workers, seed=job.seed)
+    except ValueError as e:
+        raise UsageError(f"simulate with {workers} workers: {e}") from None
+    progress = Progress(workers * limit if limit else None, unit="push", enabled=show_progress)
+    started = time.perf_counter()
+    result = simulate(policy, source, limit, until=until, keep_releases=False,
+                      progress=lambda pushes: progress.update(pushes))
+    seconds = time.perf_counter() - started
+    progress.close(result.pushes)
+    records = policy.take_records()
+
+    parts = [source.parts(w, result.start[w], result.push[w]) for w in range(workers)]
+    iterations_rows = [_iteration_rows(result, w, parts[w]) for w in range(workers)]
+    if job.trace.enabled:
+        attrs = _attrs(job, run_dir, workers, source)
+        _write_rank(run_dir, 0, {**attrs, "role": "server"}, {
+            "pushes": _push_rows(result), "pulls": _pull_rows(result), **_record_rows(records)})
+        for w in range(workers):
+            _write_rank(run_dir, w + 1, {**attrs, "role": "worker"}, {"iterations": iterations_rows[w]})
+
+    summary = build_summary(
+        job, sync=policy.name, world_size=workers + 1, backend="simulated",
+        wall_seconds=float(np.nanmax(result.end)) if workers else 0.0,
+        iterations=[len(p) for p in result.push],
+        wait_seconds=[float(rows["wait_s"].sum()) for rows in iterations_rows],
+        compute_seconds=[float(p.compute[:-1].sum()) for p in parts],
+        injected_delay_seconds=[float(p.delay[:-1].sum()) for p in parts],
+        barriers=result.barriers, rejected_pushes=0, versions=result.versions, train_loss=None, test_loss=None,
+        test_accuracy=None, targets=AccuracyTargets([]), evals=[], mpi_library=None)
+    summary["simulation"] = {
+        "source": source.source, "replay": None if replay is None else str(replay),
+        "iterations_limit": limit, "seconds_limit": None if until == math.inf else until,
+        "pushes": result.pushes, "simulation_seconds": seconds,
+        "pushes_per_second": result.pushes / seconds if seconds > 0 else None,
+    }
+    write_summary(run_dir, summary)
+    return summary
+
+
+def describe(summary: dict, run_dir) -> str:
+    """One line on a finished simulation, for the terminal."""
+    sim = summary["simulation"]
+    waited = sum(summary["wait_seconds"]) / max(1, sum(summary["iterations"]))
+    return (f"{summary['sync']} (simulated, {sim['source']}): {summary['workers']} worker(s), "
+            f"{sim['pushes']} pushes in {summary['wall_seconds']:.2f} simulated s, mean wait {1000 * waited:.2f} ms "
+            f"per push; simulated in {sim['simulation_seconds']:.1f} s -> {run_dir}")
+
+
+# -- the trace tables --------------------------------------------------------------------------------
+
+
+def _iteration_rows(result: SimResult, w: int, parts) -> np.ndarray:
+    """Worker `w`'s ``iterations`` rows. `parts` holds one iteration more than it did: the phases of the
+    reply that stopped it (its transit ends the last iteration)."""
+    start, k = result.start[w], len(result.start[w])
+    rows = np.zeros(k, dtype=ITERATIONS)
+    rows["iteration"] = np.arange(k)
+    rows["t_start"] = start + parts.down[:k]
+    rows["t_compute_end"] = rows["t_start"] + parts.compute[:k] + parts.delay[:k]
+    rows["t_push"] = rows["t_compute_end"] + parts.push[:k]
+    replies = np.append(start[1:], result.end[w])  # what ended each iteration: the next release, or the stop
+    rows["t_end"] = np.maximum(replies + parts.down[1:k + 1], rows["t_push"])
+    rows["wait_s"] = rows["t_end"] - rows["t_push"]
+    rows["version"] = result.used[w]
+    rows["loss"] = np.nan  # no weights, no loss
+    rows["injected_delay_s"] = parts.delay[:k]
+    rows["epoch"] = np.nan  # no data
+    return rows
+
+
+def _push_rows(result: SimResult) -> np.ndarray:
+    """The server's ``pushes``, in the order it took them (time, then worker)."""
+    n = result.workers
+    sizes = [len(p) for p in result.push]
+    rows = np.zeros(sum(sizes), dtype=PUSHES)
+    rows["worker"] = np.repeat(np.arange(n), sizes)
+    rows["iteration"] = np.concatenate([np.arange(s) for s in sizes]) if n else []
+    rows["t"] = np.concatenate(result.push) if n else []
+    before, used = np.concatenate(result.before), np.concatenate(result.used)
+    rows["version_before"] = before
+    rows["staleness"] = before - used
+    return rows[np.lexsort((rows["worker"], rows["t"]))]
+
+
+def _pull_rows(result: SimResult) -> np.ndarray:
+    """The server's ``pulls``: each worker's first pull, one per push, the last answered by its stop."""
+    parts = []
+    for w in range(result.workers):
+        start, push = result.start[w], result.push[w]
+        rows = np.zeros(len(start) + 1, dtype=PULLS)
+        rows["worker"] = w
+        rows["t_request"] = np.concatenate([[start[0] if len(start) else result.end[w]], push])
+        rows["t_reply"] = np.append(start, result.end[w])
+        rows["version"] = np.append(result.used[w], result.stop_version[w])
+        parts.append(rows)
+    rows = np.concatenate(parts) if parts else np.zeros(0, dtype=PULLS)
+    return rows[np.lexsort((rows["worker"], rows["t_reply"]))]
+
+
+def _record_rows(records) -> dict[str, np.ndarray]:
+    """The policy's own rows (ElasticBSP's barriers, members and ZipLine calls) as tables."""
+    tables = {}
+    for name, dtype in (("barriers", BARRIERS), ("barrier_members", BARRIER_MEMBERS), ("zipline", ZIPLINE)):
+        rows = [tuple(r.row[f] for f in dtype.names) for r in records if r.table == name]
+        tables[name] = np.array(rows, dtype=dtype)
+    unknown = {r.table for r in records} - set(tables)
+    if unknown:
+        raise ValueError(f"the policy wrote rows of tables {sorted(unknown)} the simulated trace does not keep")
+    return tables
+
+
+# -- the files ---------------------------------------------------------------------------------------
+
+
+def _attrs(job: JobConfig, run_dir: Path, workers: int, source) -> dict:
+    return dict(run_id=run_dir.name, world_size=workers + 1, host=socket.gethostname(), pid=os.getpid(),
+                backend="simulated", device="virtual", mpi_library="", package_version=__version__,
+                config=to_dict(job), clock_offset_s=0.0, simulated=True, simulation_source=source.source)
+
+
+def _write_rank(run_dir: Path, rank: int, attrs: dict, tables: dict[str, np.ndarray]) -> None:
+    """One rank's trace file: the attributes by the live writer (same encoding), the tables in bulk,
+    chunked as the live writer chunks them; a table without rows is left out, as live."""
+    path = trace_path(run_dir, rank)
+    TraceWriter(path, {**attrs, "rank": rank}).close()
+    with h5py.File(path, "a", libver=_LIBVER) as f:
+        for name, rows in tables.items():
+            if len(rows):
+                assert rows.dtype == TABLES[name], name
+                chunk = max(64, _CHUNK_BYTES // rows.dtype.itemsize)
+                f.create_dataset(name, data=rows, maxshape=(None,), chunks=(min(chunk, len(rows)),))
