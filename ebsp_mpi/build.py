@@ -47,8 +47,29 @@ def model(job: JobConfig, ds: Dataset, xp=np, dtype=np.float32) -> Model:
     _check_suits_data(job, ds)
     specs = model_specs(m.kind, ds.input_shape, ds.num_classes, hidden=tuple(m.hidden), channels=tuple(m.channels))
     check_model_fits(job, ds, specs, np.dtype(dtype))
-    return build_model(m.kind, ds.input_shape, ds.num_classes, hidden=tuple(m.hidden),
-                       channels=tuple(m.channels), xp=xp, dtype=dtype, seed=job.seed)
+    built = build_model(m.kind, ds.input_shape, ds.num_classes, hidden=tuple(m.hidden),
+                        channels=tuple(m.channels), xp=xp, dtype=dtype, seed=job.seed)
+    osdp_plan(job, built)  # a plan file that does not fit this model is one line here, on every rank
+    return built
+
+
+def osdp_plan(job: JobConfig, model: Model) -> dict | None:
+    """The OSDP plan the job names (``osdp.plan``), checked against `model` and ``data.batch_size``;
+    None when it names none (every layer resident).
+
+    Raises
+    ------
+    OsdpFileError
+        The file is missing, not a plan, or made for another model or batch size (one line).
+    """
+    if not job.osdp.plan:
+        return None
+    from .plan.osdp_files import check_plan, model_layers, read_plan
+
+    where = f"osdp.plan = {job.osdp.plan!r}"
+    plan = read_plan(job.osdp.plan)
+    check_plan(plan, model_layers(model), job.data.batch_size, where)
+    return plan
 
 
 def _check_suits_data(job: JobConfig, ds: Dataset) -> None:

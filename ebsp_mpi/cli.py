@@ -1,10 +1,12 @@
-"""Command line: ``python -m ebsp_mpi {train,config,sweep,bench,report,compare,timeline} ...``.
+"""Command line: ``python -m ebsp_mpi {train,config,sweep,bench,profile,plan,report,compare,timeline} ...``.
 
 - ``train``: train a job (under mpiexec: rank 0 serves, the rest are workers);
 - ``config``: print the resolved job as TOML;
 - ``sweep``: run every member of a sweep file with mpiexec, then compare them (:mod:`ebsp_mpi.sweep`);
 - ``bench``: run a benchmark (:mod:`ebsp_mpi.bench.cli`);
 - ``simulate``: the job's sync model with N virtual workers, no MPI (:mod:`ebsp_mpi.sim`);
+- ``profile``, ``plan``: OSDP's per-layer profile and its plan under a memory limit (:mod:`ebsp_mpi.profile`,
+  :mod:`ebsp_mpi.plan_command`);
 - ``report``, ``compare``, ``timeline``: the analysis of finished runs and sweeps: tables and figures,
   time to accuracy against BSP, Perfetto JSON (:mod:`ebsp_mpi.analysis.cli`).
 
@@ -78,6 +80,10 @@ def _parser() -> argparse.ArgumentParser:
     from .sim import cli as simulate  # standard library only until a simulation runs
 
     simulate.add_parser(sub)
+    from . import plan_command, profile  # standard library only until they run
+
+    profile.add_parser(sub)
+    plan_command.add_parser(sub)
     from .analysis import cli as analysis  # standard library only until an analysis command runs
 
     analysis.add_parsers(sub)

@@ -1,9 +1,9 @@
 """The job schema: dataclasses, TOML loading, ``--set key=value`` overrides and validation.
 
 A job is a TOML file whose tables mirror the dataclasses below (``[model]``, ``[data]``, ``[optim]``,
-``[sync]``, ``[stop]``, ``[eval]``, ``[straggler]``, ``[runtime]``, ``[trace]``, ``[checkpoint]``, ``[osdp]``); every key can be
-overridden with ``--set section.key=value``. Every value is checked against its field's type and
-range, and an error names the key, the value and what is allowed (:class:`ConfigError`).
+``[sync]``, ``[stop]``, ``[eval]``, ``[straggler]``, ``[runtime]``, ``[trace]``, ``[checkpoint]``,
+``[osdp]``); every key can be overridden with ``--set section.key=value``. Every value is checked
+against its field's type and range, and an error names the key, the value and what is allowed (:class:`ConfigError`).
 
 Only the standard library is imported here (``tomllib``, or ``tomli`` on Python 3.10), and
 ``ebsp_mpi.straggler``, whose classes check slow phases and per-worker factors without loading NumPy;

@@ -1,0 +1,272 @@
+"""OSDP's files: the profile (``python -m ebsp_mpi profile``) and the plan (``python -m ebsp_mpi plan``).
+
+**Profile** (JSON, :data:`PROFILE_FORMAT`): the model it was taken on (kind, input shape, classes,
+parameters), the device, the batch sizes, per layer in forward order its static shape (for a layer
+with parameters: ``rows``, ``row_elems``, ``bias_elems``, ``bias_per_row``, ``split_temp_elems``, see
+:class:`~ebsp_mpi.plan.osdp.Block`) and its ``forward_s`` and ``backward_s`` per batch size (medians),
+the loss's ``loss_s``, the measured ``activation_bytes`` per batch size, the network (``latency_s``,
+``bandwidth_bytes_per_s``, where they come from, and ``overlap``: whether transfers overlap compute)
+and ``overhead_s``.
+
+**Plan** (JSON, :data:`PLAN_FORMAT`), what a job names with ``osdp.plan``: the model and
+``batch_size`` it was made for, and per layer with parameters, in forward order, ``name``,
+``tensors``, ``params``, ``mode`` (``"resident"`` or ``"on-demand"``), ``slices`` (1 unless split),
+``slice_rows`` and ``slice_bytes`` (the rows and bytes of each slice, forward order; empty when
+resident); then ``buffer_bytes`` (the preallocated fetch buffer: the largest unit in use plus the one
+prefetched) and ``predicted`` (peak bytes by part, iteration seconds, samples per second).
+Pure: json, and nn's layer classes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..errors import UsageError
+from ..nn.layers import Conv2D, Dense
+from .osdp import RESIDENT, Block, CostModel, Plan
+
+PROFILE_FORMAT = "ebsp-mpi osdp profile"
+PLAN_FORMAT = "ebsp-mpi osdp plan"
+VERSION = 1
+SHAPE_KEYS = ("rows", "row_elems", "bias_elems", "bias_per_row", "split_temp_elems")
+
+
+class OsdpFileError(UsageError, ValueError):
+    """A profile or plan file that cannot be used (one line naming the file and what is wrong)."""
+
+
+# -- the model as the cost model sees it ------------------------------------------------------------
+
+
+def model_layers(model) -> list[dict]:
+    """Per layer of `model` in forward order: its name, type and parameters, and for a layer with
+    parameters how it splits (:data:`SHAPE_KEYS`)."""
+    out, counts = [], {}
+    for layer in model.layers:
+        kind = type(layer).__name__
+        if layer.tensor_names:
+            name = layer.tensor_names[0].split(".")[0]
+        else:
+            base = kind.lower().replace("2d", "")
+            counts[base] = counts.get(base, 0) + 1
+            name = f"{base}{counts[base]}"
+        entry = {"name": name, "type": kind, "tensors": list(layer.tensor_names),
+                 "params": sum(model.space.view(t).size for t in layer.tensor_names)}
+        if isinstance(layer, Dense):
+            entry.update(rows=layer.in_shape[0], row_elems=layer.out, bias_elems=layer.out, bias_per_row=False,
+                         split_temp_elems=layer.out)
+        elif isinstance(layer, Conv2D):
+            c = layer.in_shape[0]
+            kh, kw = layer.kernel
+            entry.update(rows=layer.out_channels, row_elems=c * kh * kw, bias_elems=layer.out_channels,
+                         bias_per_row=True, split_temp_elems=0)
+        elif layer.tensor_names:
+            raise ValueError(f"OSDP: no slicing known for layer {kind}")
+        out.append(entry)
+    return out
+
+
+def model_identity(model) -> dict:
+    return {"kind": model.kind, "in_shape": list(model.in_shape), "num_classes": model.num_classes,
+            "params": int(model.space.size)}
+
+
+# -- profile ----------------------------------------------------------------------------------------
+
+
+def read_profile(path: str | Path) -> dict:
+    """A profile file, its structure checked."""
+    where = f"--profile {path}"
+    doc = _read_json(path, where)
+    if doc.get("format") != PROFILE_FORMAT:
+        raise OsdpFileError(f"{where}: not an OSDP profile (format {doc.get('format')!r}, expected "
+                            f"{PROFILE_FORMAT!r}); write one with python -m ebsp_mpi profile JOB")
+    sizes = doc.get("batch_sizes")
+    if not (isinstance(sizes, list) and sizes and all(isinstance(b, int) and b >= 1 for b in sizes)):
+        raise OsdpFileError(f"{where}: batch_sizes must be a non-empty list of integers >= 1")
+    n = len(sizes)
+    layers = doc.get("layers")
+    if not (isinstance(layers, list) and any(layer.get("params") for layer in layers if isinstance(layer, dict))):
+        raise OsdpFileError(f"{where}: layers must be a list with at least one layer with parameters")
+    for i, layer in enumerate(layers):
+        if not (isinstance(layer, dict) and _times(layer.get("forward_s"), n) and _times(layer.get("backward_s"), n)):
+            raise OsdpFileError(f"{where}: layers[{i}] needs forward_s and backward_s, {n} seconds each")
+        if layer.get("params") and not all(isinstance(layer.get(k), (int, bool)) for k in SHAPE_KEYS):
+            raise OsdpFileError(f"{where}: layers[{i}] ({layer.get('name')}) needs {', '.join(SHAPE_KEYS)}")
+    if not _times(doc.get("loss_s"), n) or not _times(doc.get("activation_bytes"), n):
+        raise OsdpFileError(f"{where}: loss_s and activation_bytes need {n} values each")
+    net = doc.get("network", {})
+    if not (_positive(net.get("latency_s"), zero=True) and _positive(net.get("bandwidth_bytes_per_s"))):
+        raise OsdpFileError(f"{where}: network needs latency_s >= 0 and bandwidth_bytes_per_s > 0")
+    return doc
+
+
+def cost_models(profile: dict, batch_sizes: Sequence[int] | None = None, overhead_s: float | None = None,
+                ) -> list[CostModel]:
+    """One :class:`CostModel` per batch size of the profile (or of `batch_sizes`, each profiled)."""
+    sizes = profile["batch_sizes"]
+    wanted = list(batch_sizes) if batch_sizes else sizes
+    missing = [b for b in wanted if b not in sizes]
+    if missing:
+        raise OsdpFileError(f"--batch-sizes {','.join(map(str, wanted))}: the profile has batch sizes "
+                            f"{','.join(map(str, sizes))} only; profile {','.join(map(str, missing))} too")
+    net = profile["network"]
+    overhead = profile.get("overhead_s", 0.0) if overhead_s is None else overhead_s
+    return [_cost_model(profile, sizes.index(b), b, net, overhead) for b in wanted]
+
+
+def _cost_model(profile: dict, k: int, batch: int, net: dict, overhead: float) -> CostModel:
+    prefix, blocks = 0.0, []
+    for layer in profile["layers"]:
+        f, b = layer["forward_s"][k], layer["backward_s"][k]
+        if layer.get("params"):
+            blocks.append(Block(layer["name"], *(layer[key] for key in SHAPE_KEYS), f, b))
+        elif blocks:  # a parameter-free layer joins the block before it
+            last = blocks[-1]
+            blocks[-1] = Block(last.name, last.rows, last.row_elems, last.bias_elems, last.bias_per_row,
+                               last.split_temp_elems, last.forward_s, last.backward_s,
+                               last.after_forward_s + f, last.after_backward_s + b)
+        else:
+            prefix += f
+    return CostModel(batch, tuple(blocks), prefix, profile["loss_s"][k], int(profile["activation_bytes"][k]),
+                     float(net["latency_s"]), float(net["bandwidth_bytes_per_s"]),
+                     int(profile.get("itemsize", 4)), float(overhead), bool(net.get("overlap", True)))
+
+
+def check_profile_fits(profile: dict, layers: list[dict], where: str) -> None:
+    """A profile taken on another model than `layers` (names, parameters) is refused."""
+    mine = [(entry["name"], entry["params"]) for entry in layers]
+    theirs = [(entry.get("name"), entry.get("params")) for entry in profile["layers"]]
+    if mine != theirs:
+        raise OsdpFileError(f"{where}: profiled on layers {_names(theirs)}, but the job's model has "
+                            f"{_names(mine)}; profile this job")
+
+
+def network_from_bench(path: str | Path) -> tuple[float, float]:
+    """``(latency_s, bandwidth)`` from ``bench mpi --json FILE``: the one-way time of the smallest
+    message and the bandwidth of the largest."""
+    records = _read_json(path, f"--bench {path}", kind=list)
+    lat = {r["figure"]: r for r in records if isinstance(r, dict) and r.get("kind") == "mpi"
+           and str(r.get("case", "")).startswith("latency ")}
+    bw = [r for r in records if isinstance(r, dict) and r.get("kind") == "mpi"
+          and str(r.get("case", "")).startswith("bandwidth ")]
+    if not lat or not bw:
+        raise OsdpFileError(f"--bench {path}: no latency and bandwidth records of bench mpi; write them with "
+                            f"mpiexec -n 2 python -m ebsp_mpi bench mpi --json FILE")
+    sizes = [_case_bytes(r["case"]) for r in bw]
+    smallest = min((_case_bytes(r["case"]), r["figure"]) for r in lat.values())
+    return float(smallest[1]), float(bw[sizes.index(max(sizes))]["figure"])
+
+
+def _case_bytes(case: str) -> int:
+    number, _, unit = case.split(" ", 1)[1].partition(" ")
+    return int(number) * {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}.get(unit, 1)
+
+
+# -- plan -------------------------------------------------------------------------------------------
+
+
+def plan_document(plan: Plan, cm: CostModel, profile: dict, limit: int, splits: Sequence[int]) -> dict:
+    """The plan file for `plan` (made from `cm`, one of `profile`'s cost models)."""
+    layers = []
+    params = [entry for entry in profile["layers"] if entry.get("params")]
+    for entry, block, s in zip(params, cm.blocks, plan.choices, strict=True):
+        on_demand = s != RESIDENT
+        rows = list(block.slice_rows(s)) if on_demand else []
+        layers.append({"name": block.name, "tensors": entry.get("tensors", []), "params": block.params,
+                       "mode": "on-demand" if on_demand else "resident", "slices": max(s, 1),
+                       "slice_rows": rows, "slice_bytes": list(cm.unit_bytes(block, s)) if on_demand else []})
+    m = plan.memory
+    return {"format": PLAN_FORMAT, "version": VERSION, "model": profile.get("model", {}),
+            "batch_size": plan.batch, "memory_limit_bytes": limit, "splits": list(splits),
+            "buffer_bytes": m.buffer, "layers": layers,
+            "predicted": {"peak_bytes": m.total, "resident_bytes": m.resident, "buffer_bytes": m.buffer,
+                          "split_temp_bytes": m.split_temp, "activation_bytes": m.activations,
+                          "iteration_s": plan.iteration_s, "samples_per_s": plan.samples_per_s},
+            "network": profile["network"], "device": profile.get("device", ""),
+            "overhead_s": cm.overhead_s}
+
+
+def write_json(path: str | Path, doc) -> None:
+    p = Path(path)
+    try:
+        p.write_text(json.dumps(doc, indent=1) + "\n")
+    except OSError as e:
+        raise OsdpFileError(f"--out {p}: cannot be written ({e.strerror or e})") from None
+
+
+def read_plan(path: str | Path, where: str = "osdp.plan") -> dict:
+    """A plan file, its structure checked (one line naming `where` and the file otherwise)."""
+    at = f"{where} = {str(path)!r}"
+    doc = _read_json(path, at)
+    if doc.get("format") != PLAN_FORMAT or doc.get("version") != VERSION:
+        raise OsdpFileError(f"{at}: not an OSDP plan of version {VERSION} (format {doc.get('format')!r}); write one "
+                            f"with python -m ebsp_mpi plan JOB --memory-limit SIZE --out FILE")
+    if not (isinstance(doc.get("batch_size"), int) and doc["batch_size"] >= 1):
+        raise OsdpFileError(f"{at}: batch_size must be an integer >= 1")
+    layers = doc.get("layers")
+    if not (isinstance(layers, list) and layers):
+        raise OsdpFileError(f"{at}: layers must be a non-empty list")
+    for i, layer in enumerate(layers):
+        ok = (isinstance(layer, dict) and isinstance(layer.get("name"), str)
+              and layer.get("mode") in ("resident", "on-demand") and isinstance(layer.get("slices"), int)
+              and layer["slices"] >= 1 and (layer["mode"] == "on-demand" or layer["slices"] == 1)
+              and isinstance(layer.get("params"), int))
+        if not ok:
+            raise OsdpFileError(f"{at}: layers[{i}] needs name, params, mode (resident or on-demand) and slices "
+                                f"(>= 1; 1 when resident)")
+        if layer["mode"] == "on-demand" and len(layer.get("slice_rows", [])) != layer["slices"]:
+            raise OsdpFileError(f"{at}: layers[{i}] ({layer['name']}) needs slice_rows, one per slice")
+    return doc
+
+
+def check_plan(doc: dict, layers: list[dict], batch_size: int, where: str) -> None:
+    """A plan made for another model or batch size than the job's is refused, in one line."""
+    mine = [(e["name"], e["params"]) for e in layers if e["params"]]
+    theirs = [(e["name"], e["params"]) for e in doc["layers"]]
+    if mine != theirs:
+        raise OsdpFileError(f"{where}: made for layers {_names(theirs)}, but the job's model has {_names(mine)}; "
+                            f"plan this job: python -m ebsp_mpi plan JOB --memory-limit SIZE")
+    if doc["batch_size"] != batch_size:
+        raise OsdpFileError(f"{where}: made for batches of {doc['batch_size']}, the job has data.batch_size = "
+                            f"{batch_size}; set --set data.batch_size={doc['batch_size']} or plan again")
+    by_name = {e["name"]: e for e in layers}
+    for e in doc["layers"]:
+        if e["mode"] == "on-demand" and (sum(e["slice_rows"]) != by_name[e["name"]]["rows"]
+                                        or min(e["slice_rows"]) < 1):
+            raise OsdpFileError(f"{where}: layer {e['name']}: slice_rows {e['slice_rows']} do not cover its "
+                                f"{by_name[e['name']]['rows']} rows")
+
+
+# -- helpers ----------------------------------------------------------------------------------------
+
+
+def _read_json(path, where: str, kind=dict):
+    """The JSON document in `path`; errors start with `where` (the option and the file)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise OsdpFileError(f"{where}: not found") from None
+    except IsADirectoryError:
+        raise OsdpFileError(f"{where}: is a directory, not a JSON file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise OsdpFileError(f"{where}: not a readable JSON file ({e})") from None
+    if not isinstance(doc, kind):
+        raise OsdpFileError(f"{where}: expected a JSON {'object' if kind is dict else 'list'}")
+    return doc
+
+
+def _times(values, n: int) -> bool:
+    return isinstance(values, list) and len(values) == n and all(_positive(v, zero=True) for v in values)
+
+
+def _positive(v, zero: bool = False) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            and (v >= 0 if zero else v > 0))
+
+
+def _names(pairs) -> str:
+    return ", ".join(f"{name} ({params})" for name, params in pairs)

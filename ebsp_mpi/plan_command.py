@@ -1,0 +1,223 @@
+"""``python -m ebsp_mpi plan``: OSDP's plan for a job under a memory limit, or the authors' problem.
+
+- ``plan JOB --memory-limit SIZE [--profile FILE] [--out plan.json]``: per layer resident, on-demand
+  or split in slices, maximising samples per second under the limit (:mod:`ebsp_mpi.plan.osdp`), from
+  a profile (``python -m ebsp_mpi profile``; without ``--profile`` the job is profiled first, with the
+  same options). Prints the plan per layer and its predicted peak memory, iteration time and samples
+  per second, and writes the plan file a job names with ``osdp.plan``.
+- ``plan --osdp-profile FILE --blocks B --hidden H --memory-mb L [--row R] [--json]``: the OSDP
+  authors' planning problem on their GPT-block profile, solved exactly
+  (:mod:`ebsp_mpi.plan.osdp_authors`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+DEFAULT_OUT = "plan.json"
+
+
+def add_parser(subparsers) -> None:
+    """Register ``plan`` on the CLI's subparsers (``ebsp_mpi.cli``)."""
+    from .profile import add_profile_options
+
+    p = subparsers.add_parser("plan", help="OSDP: per layer resident, on-demand or split under a memory limit "
+                                           "(or the authors' problem with --osdp-profile)",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("job", nargs="?", metavar="JOB.toml", help="job file (default: the embedded default job)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a job key (repeatable)")
+    p.add_argument("--memory-limit", metavar="SIZE", help="per-worker memory limit, e.g. 512MiB, 2GB, 100000")
+    p.add_argument("--profile", metavar="FILE", help="profile from python -m ebsp_mpi profile (default: profile now)")
+    p.add_argument("--splits", default="2,4,8", metavar="S,S,...",
+                   help="slice counts a split layer may use (default 2,4,8; each >= 2)")
+    p.add_argument("--out", metavar="FILE", default=DEFAULT_OUT, help=f"plan file (default {DEFAULT_OUT})")
+    add_profile_options(p)
+    authors = p.add_argument_group("the OSDP authors' problem")
+    authors.add_argument("--osdp-profile", metavar="FILE", help="the authors' profile (gpt_block_profile.json)")
+    authors.add_argument("--blocks", type=int, metavar="B", help="transformer blocks")
+    authors.add_argument("--hidden", type=int, metavar="H", help="hidden size (one of the profile's)")
+    authors.add_argument("--memory-mb", type=int, metavar="L", help="device memory in MB")
+    authors.add_argument("--row", type=int, metavar="R", help="batch row (default: the row of most samples/s)")
+    authors.add_argument("--row-batches", metavar="N,N,...",
+                         help="batch of each row, for samples/s (default: the row number, as the authors' "
+                              "scheduler labels it)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    p.set_defaults(run=main)
+
+
+def main(args) -> int:
+    if args.osdp_profile:
+        return _authors(args)
+    return _job(args)
+
+
+# -- a job ----------------------------------------------------------------------------------------
+
+
+def _job(args) -> int:
+    from . import build
+    from .config import load_job
+    from .errors import UsageError
+    from .plan import osdp
+    from .plan.osdp_files import (check_profile_fits, cost_models, model_layers, plan_document, read_profile,
+                                  write_json)
+    from .plan.sizes import parse_size
+
+    if args.blocks is not None or args.hidden is not None or args.memory_mb is not None or args.row is not None:
+        raise UsageError("--blocks, --hidden, --memory-mb and --row belong to the authors' problem: give "
+                         "--osdp-profile FILE too, or plan a job with --memory-limit SIZE")
+    if not args.memory_limit:
+        raise UsageError("plan JOB needs --memory-limit SIZE, the memory of one worker (e.g. 512MiB, 2GB)")
+    try:
+        limit = parse_size(args.memory_limit, "--memory-limit")
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    splits = _splits(args.splits)
+    job = load_job(args.job, args.overrides)
+    if args.profile:
+        from .profile import _seconds, parse_batch_sizes
+
+        profile = read_profile(args.profile)
+        layers = model_layers(build.model(job, build.dataset(job)))
+        check_profile_fits(profile, layers, f"--profile {args.profile}")
+        sizes = parse_batch_sizes(args.batch_sizes) if args.batch_sizes else None
+        overhead = _seconds(args.overhead, "--overhead") if args.overhead is not None else None
+    else:
+        from .profile import run_profile
+
+        profile = run_profile(job, args)
+        sizes, overhead = None, None
+    models = cost_models(profile, sizes, overhead)
+    try:
+        best = osdp.plan(models, limit, splits)
+    except osdp.Infeasible as e:
+        s = e.smallest
+        raise UsageError(f"--memory-limit {args.memory_limit}: no plan fits in {_size(limit)}; the smallest limit "
+                         f"that fits is {_size(s.peak_bytes)} ({s.peak_bytes} bytes: batch {s.batch}, "
+                         f"{_choices(s, models)})") from None
+    cm = next(m for m in models if m.batch == best.batch)
+    doc = plan_document(best, cm, profile, limit, splits)
+    write_json(args.out, doc)
+    if args.json:
+        print(json.dumps(doc, indent=1))
+    else:
+        print_plan(best, cm, models, limit)
+        print(f"wrote {args.out}: train with --set osdp.plan={args.out}"
+              + (f" --set data.batch_size={best.batch}" if best.batch != job.data.batch_size else ""))
+    return 0
+
+
+def print_plan(best, cm, models, limit: int, out=None) -> None:
+    """The plan per layer, its peak memory by part, and its time against all-resident."""
+    from .plan import osdp
+
+    out = out or sys.stdout
+    sizes = ", ".join(str(m.batch) for m in models)
+    print(f"OSDP plan under {_size(limit)} per worker: batch {best.batch} (of {sizes})", file=out)
+    head = f"{'layer':<10} {'params':>10} {'weights':>10}  {'choice':<10} {'largest unit':>12}"
+    print(head, file=out)
+    print("-" * len(head), file=out)
+    for block, s in zip(cm.blocks, best.choices, strict=True):
+        unit = _size(max(cm.unit_bytes(block, s))) if s != osdp.RESIDENT else ""
+        print(f"{block.name:<10} {block.params:>10} {_size(cm.weight_bytes(block)):>10}  {osdp.describe(s):<10} "
+              f"{unit:>12}", file=out)
+    m = best.memory
+    print(f"predicted peak memory: {_size(m.total)} = resident {_size(m.resident)} + fetch buffer "
+          f"{_size(m.buffer)} + split temporary {_size(m.split_temp)} + activations {_size(m.activations)}", file=out)
+    print(f"predicted iteration: {best.iteration_s * 1e3:.3f} ms, {best.samples_per_s:.1f} samples/s "
+          f"({osdp.category(best.choices)})", file=out)
+    resident = osdp.all_resident(cm)
+    print(f"all resident at batch {cm.batch}: {_size(resident.peak_bytes)}, {resident.iteration_s * 1e3:.3f} ms, "
+          f"{resident.samples_per_s:.1f} samples/s" + ("" if resident.peak_bytes <= limit else " (does not fit)"),
+          file=out)
+
+
+def _splits(text: str) -> tuple[int, ...]:
+    from .errors import UsageError
+
+    try:
+        splits = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        splits = ()
+    if any(s < 2 for s in splits):
+        raise UsageError(f"--splits {text!r}: slice counts must be integers >= 2, e.g. 2,4,8 (empty: no splits)")
+    return splits
+
+
+def _choices(p, models) -> str:
+    from .plan import osdp
+
+    cm = next(m for m in models if m.batch == p.batch)
+    return ", ".join(f"{b.name} {osdp.describe(s)}" for b, s in zip(cm.blocks, p.choices, strict=True))
+
+
+def _size(nbytes: float) -> str:
+    from .plan.sizes import format_size
+
+    return format_size(nbytes)
+
+
+# -- the authors' problem ---------------------------------------------------------------------------
+
+
+def _authors(args) -> int:
+    from .errors import UsageError
+    from .plan import osdp_authors as a
+
+    if args.job or args.memory_limit or args.profile:
+        raise UsageError("--osdp-profile solves the authors' problem: give no JOB, --memory-limit or --profile")
+    missing = [name for name, v in (("--blocks", args.blocks), ("--hidden", args.hidden),
+                                    ("--memory-mb", args.memory_mb)) if v is None]
+    if missing:
+        raise UsageError(f"--osdp-profile needs {', '.join(missing)} (e.g. --blocks 48 --hidden 1536 --memory-mb 8192)")
+    if args.blocks < 1 or args.memory_mb < 1:
+        raise UsageError(f"--blocks {args.blocks} --memory-mb {args.memory_mb}: both must be >= 1")
+    profile = a.read_profile(args.osdp_profile)
+    if args.row is not None:
+        result = a.solve(profile, args.blocks, args.hidden, args.memory_mb, args.row).as_dict()
+    else:
+        rows = a.rows_of(profile)
+        batches = _row_batches(args.row_batches, rows) if args.row_batches else list(range(rows))
+        best, solutions = a.best_row(profile, args.blocks, args.hidden, args.memory_mb, batches)
+        authors = a.authors_row(profile, args.blocks, args.hidden, args.memory_mb)
+        budget = args.memory_mb - int(profile.get("extra_overhead_mb", 800))
+        result = best.as_dict() if best else {"feasible": False, "row": None, "budget_mb": budget}
+        if best:
+            result["samples_per_s"] = batches[best.row] / best.time_s
+        result["authors_rule_row"] = authors.row if authors else None
+        result["rows"] = [dict(s.as_dict(), batch=batches[s.row],
+                               **({"samples_per_s": batches[s.row] / s.time_s} if s.feasible else {}))
+                          for s in solutions]
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        _print_authors(result, args)
+    return 0
+
+
+def _row_batches(text: str, rows: int) -> list[float]:
+    from .errors import UsageError
+
+    try:
+        values = [float(part) for part in text.split(",")]
+    except ValueError:
+        values = []
+    if len(values) != rows or any(not v >= 0 for v in values):
+        raise UsageError(f"--row-batches {text!r}: expected {rows} numbers >= 0, one per row")
+    return values
+
+
+def _print_authors(result: dict, args) -> None:
+    print(f"{args.blocks} blocks, hidden {args.hidden}, {args.memory_mb} MB (budget {result['budget_mb']} MB)")
+    for r in result.get("rows", [result]):
+        if r["feasible"]:
+            counts = ", ".join(f"{k} {n}" for k, n in r["strategy_counts"].items())
+            print(f"row {r['row']}: {r['time_s']:.6f} s, {r['memory_mb']} MB; {counts}")
+        else:
+            print(f"row {r['row']}: infeasible")
+    if "authors_rule_row" in result:
+        print(f"most samples/s: row {result['row']}; the authors' rule (least summed time over rows 1-3 up to the "
+              f"first infeasible): row {result['authors_rule_row']}")
