@@ -119,10 +119,15 @@ class DSSP(SSP):
         self._stamp = [0] * workers
         # workers with MIN_HISTORY pushes or more whose next push cannot be predicted (after a resume)
         self._unknown: set[int] = set()
-        #: The controller's most recent answer (None before its first call).
-        self.last_plan: DSSPPlan | None = None
+        # the controller's most recent answer, as DSSPPlan's fields (made into one when asked for)
+        self._last_plan: tuple | None = None
         #: How many times the controller was asked.
         self.controller_calls = 0
+
+    @property
+    def last_plan(self) -> DSSPPlan | None:
+        """The controller's most recent answer (None before its first call)."""
+        return None if self._last_plan is None else DSSPPlan(*self._last_plan)
 
     @property
     def threshold(self) -> np.ndarray:
@@ -149,13 +154,16 @@ class DSSP(SSP):
         if self._floor > previous:  # nobody is at the counts below the minimum any more
             for level in range(previous, self._floor):
                 self._next.pop(level, None)
-        if worker not in decision.release:
+        release = decision.release
+        if worker not in release:
             # held: its prediction (last release plus the new interval) may be asked for while it is
             # held; a released worker's is filed at its release, below (no query comes in between:
             # the controller, run above for this pusher alone, asks for the minimum's count, which
             # is below the pusher's own)
             self._note(worker)
-        self._released(decision.release, t)
+        for w in release:
+            self._released_at[w] = t
+            self._note(w)
         return decision
 
     def _decide_leave(self, worker: int, t: float) -> Decision:
@@ -216,7 +224,9 @@ class DSSP(SSP):
         self.controller_calls += 1
         # A push can only be released with lead <= s + r, so the next push has lead <= s + r + 1.
         most = self.staleness + self.dssp_range + 1 - lead
-        interval = self._predicted_interval(worker)
+        interval = self._interval[worker]  # finite: the worker has pushed since its release
+        if self._done[worker] < MIN_HISTORY or not interval - interval == 0.0:
+            interval = None
         slowest = self._predict_slowest_push()
         extra = 0
         if most > 0 and interval is not None and slowest is not None:
@@ -227,14 +237,8 @@ class DSSP(SSP):
                 distance = abs(t + k * interval - slowest)
                 if distance < best:
                     best, extra = distance, k
-        self.last_plan = DSSPPlan(worker, t, lead, extra, lead - 1 + extra, interval, slowest)
+        self._last_plan = (worker, t, lead, extra, lead - 1 + extra, interval, slowest)
         return extra
-
-    def _predicted_interval(self, worker: int) -> float | None:
-        interval = self._interval[worker]
-        if self._done[worker] < MIN_HISTORY or not math.isfinite(interval):
-            return None
-        return interval
 
     def _predict_slowest_push(self) -> float | None:
         """When the minimum over active workers rises: the latest next push of those at the minimum."""

@@ -20,8 +20,6 @@ rest of the push, and a simulation makes millions of them.
 
 from __future__ import annotations
 
-import bisect
-
 import numpy as np
 
 from .base import NOTHING, Decision, SyncPolicy
@@ -68,39 +66,49 @@ class PSP(SyncPolicy):
         """The sample of `worker` at its `pushes`-th push: β of the other active workers, seeded by
         ``(seed, worker, pushes)``, sorted."""
         active = self._active_list
-        pos = bisect.bisect_left(active, worker)
-        present = pos < len(active) and active[pos] == worker
+        present = worker in self.active
         others = len(active) - present
         if others <= self.sample:
             return tuple(w for w in active if w != worker)
-        # Floyd: for j = m - β .. m - 1 take a uniform r in 0..j, or j itself if r is taken already
-        chosen: list[int] | set[int] = [] if self.sample <= 16 else set()
-        add = chosen.append if isinstance(chosen, list) else chosen.add
-        j = others - self.sample
-        for u in self._uniforms(worker, pushes):
-            r = int(u * (j + 1))
-            add(j if r in chosen else r)
-            j += 1
-        if present:  # positions among the others: those from `worker`'s own on are one further
-            return tuple(sorted([active[p + (p >= pos)] for p in chosen]))
-        return tuple(sorted([active[p] for p in chosen]))
-
-    def _uniforms(self, worker: int, pushes: int) -> list[float]:
-        """β uniforms in [0, 1) of `worker`'s `pushes`-th push (see the module docstring)."""
         block, row = divmod(pushes, _BLOCK)
         cached = self._blocks.get(worker)
         if cached is None or cached[0] != block:
-            key = np.random.SeedSequence([self.seed, worker, block])
-            cached = (block, np.random.Generator(np.random.Philox(key)).random((_BLOCK, self.sample)).tolist())
-            self._blocks[worker] = cached
-        return cached[1][row]
+            cached = self._blocks[worker] = (block, self._uniforms(worker, block))
+        # Floyd: for j = m - β .. m - 1 take a uniform r in 0..j, or j itself if r is taken already
+        chosen: list[int] = []
+        seen = chosen if self.sample <= 16 else set()  # membership tests: a short list is quicker
+        j = others - self.sample
+        for u in cached[1][row]:
+            r = int(u * (j + 1))
+            if r in seen:
+                r = j
+            chosen.append(r)
+            if seen is not chosen:
+                seen.add(r)
+            j += 1
+        chosen.sort()
+        sample = []
+        for p in chosen:  # position p among the others: `active` without `worker`
+            w = active[p]
+            if present and w >= worker:
+                w = active[p + 1]
+            sample.append(w)
+        return tuple(sample)
+
+    def _uniforms(self, worker: int, block: int) -> list[list[float]]:
+        """β uniforms in [0, 1) for each push of one block of `worker`'s (see the module docstring)."""
+        key = np.random.SeedSequence([self.seed, worker, block])
+        return np.random.Generator(np.random.Philox(key)).random((_BLOCK, self.sample)).tolist()
 
     def _decide_push(self, worker: int, t: float) -> Decision:
         pushes = self._done[worker]
         need = pushes - self.staleness
         release = self._freed_by(worker) if worker in self._watchers else []
-        sample = self.draw(worker, pushes)
-        lagging = self._lagging(sample, need)
+        if need <= self._min:  # nobody lags: whatever the sample, it is within the bound (no draw needed)
+            lagging, sample = -1, ()
+        else:
+            sample = self.draw(worker, pushes)
+            lagging = self._lagging(sample, need)
         if lagging < 0:
             if not release:
                 return self._alone[worker]

@@ -264,9 +264,9 @@ def simulate(policy: SyncPolicy, intervals: Intervals, iterations: int | None = 
         if k + 1 == limit:
             carry_out(decision, t, w)
             retire(w, t)
-        elif general or len(release) != 1 or decision.apply_round:
+        elif general or decision.apply_round or len(release) > 1:
             carry_out(decision, t, -1)
-        else:  # one worker released and nothing else: carry_out's common case, written out for speed
+        elif release:  # one worker released and nothing else: carry_out's common case, written out for speed
             v = release[0]
             since = pulled_at[v]
             if since is None:
