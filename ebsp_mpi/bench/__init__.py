@@ -29,4 +29,6 @@ KINDS = {
                                                  "per iteration, the PS/SFB crossover"),
     "nn": Kind("ebsp_mpi.bench.nn", 1, "Dense, Conv2D, MaxPool2D and SGD against PyTorch on the CPU"),
     "zipline": Kind("ebsp_mpi.bench.zipline", 1, "ZipLine against a heapq scan and brute force"),
+    "simulate": Kind("ebsp_mpi.bench.simulate", 1, "the simulator's pushes per second per sync policy "
+                                                   "against a bare heapq event loop"),
 }
