@@ -123,6 +123,8 @@ class StragglerConfig:
                                  gt=0.0)
     jitter_sigma: float = _opt(0.0, "sigma of log-normal jitter on each iteration's compute time", min=0.0)
     base_s: float = _opt(0.0, "seconds added to every iteration's compute (emulates a heavier model)", min=0.0)
+    spread: float = _opt(1.0, "speeds spread log-uniformly over this ratio: worker k's slowdown times "
+                              "spread**U(k), U(k) uniform in [0, 1) seeded by the job seed (1: none)", min=1.0)
     phases: list[dict] = _opt([], "transient slow phases: [{worker = k, t1 = s, t2 = s, factor = f}, ...]")
 
 

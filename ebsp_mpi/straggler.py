@@ -19,6 +19,8 @@ from dataclasses import dataclass
 #: Iterations whose jitter draws are generated together, from one generator keyed by
 #: (seed, worker, block); the draw of one iteration thus depends only on (seed, worker, iteration).
 _JITTER_BLOCK = 1024
+#: The third key of a worker's spread factor: a jitter block number no run reaches.
+_SPREAD_KEY = 2**40
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,10 @@ class StragglerModel:
     and the injected delay (seconds to sleep after the real compute) is
     ``max(0, emulated - compute_s)``, so a factor below 1 cannot make a worker faster than it is.
 
-    - ``slowdown[w]``: constant factor of worker ``w`` (missing entries are 1.0).
+    - ``slowdown[w]``: constant factor of worker ``w`` (missing entries are 1.0), times
+      ``spread ** U(w)`` with ``U(w)`` uniform in [0, 1) from a Philox generator keyed by
+      ``(seed, w, 2**40)``: speeds spread log-uniformly over ``spread`` times, for any number of
+      workers (1: no spread).
     - ``phase_factor(w, t)``: product of the factors of ``w``'s slow phases with ``t1 <= t < t2``
       (overlapping phases multiply; 1.0 outside all phases).
     - ``J(w, i) = exp(jitter_sigma * Z)``, ``Z`` standard normal: log-normal with median 1 (mean
@@ -83,6 +88,8 @@ class StragglerModel:
     phases : sequence of SlowPhase
     base_s : float
         Extra emulated compute per iteration, seconds (>= 0).
+    spread : float
+        Ratio (>= 1) of the slowest to the fastest spread factor.
     seed : int
         Non-negative seed of the jitter.
     """
@@ -97,6 +104,7 @@ class StragglerModel:
         phases: Sequence[SlowPhase] = (),
         base_s: float = 0.0,
         seed: int = 0,
+        spread: float = 1.0,
     ):
         if not _is_int(workers) or workers < 1:
             raise ValueError(f"straggler: workers must be an integer >= 1, got {workers!r}")
@@ -111,6 +119,8 @@ class StragglerModel:
                 raise ValueError(f"straggler.slowdown[{w}] = {f}: expected a finite factor > 0")
         if not (math.isfinite(jitter_sigma) and jitter_sigma >= 0):
             raise ValueError(f"straggler.jitter_sigma = {jitter_sigma}: expected a finite number >= 0")
+        if not (math.isfinite(spread) and spread >= 1):
+            raise ValueError(f"straggler.spread = {spread}: expected a finite ratio >= 1")
         if not (math.isfinite(base_s) and base_s >= 0):
             raise ValueError(f"straggler.base_s = {base_s}: expected a finite number of seconds >= 0")
         if not _is_int(seed) or seed < 0:
@@ -126,7 +136,9 @@ class StragglerModel:
 
         self.workers = int(workers)
         self.enabled = bool(enabled)
-        self.slowdown = tuple(slowdown + [1.0] * (workers - len(slowdown)))
+        self.spread = float(spread)
+        self.slowdown = tuple(f * self._spread_factor(w, int(seed))
+                              for w, f in enumerate(slowdown + [1.0] * (workers - len(slowdown))))
         self.jitter_sigma = float(jitter_sigma)
         self.phases = tuple(phases)
         self.base_s = float(base_s)
@@ -136,6 +148,14 @@ class StragglerModel:
         ]
         # worker -> (block number, standard normal draws of that block's iterations)
         self._normals: dict[int, tuple] = {}
+
+    def _spread_factor(self, worker: int, seed: int) -> float:
+        if self.spread == 1.0:
+            return 1.0
+        import numpy as np  # here, not at the top: see the module docstring
+
+        key = np.random.SeedSequence([seed, worker, _SPREAD_KEY])
+        return self.spread ** float(np.random.Generator(np.random.Philox(key)).random())
 
     def _check_worker(self, worker: int) -> None:
         if not 0 <= worker < self.workers:
@@ -214,6 +234,7 @@ class StragglerModel:
                 {"worker": p.worker, "t1": p.t1, "t2": p.t2, "factor": p.factor} for p in self.phases
             ],
             "base_s": self.base_s,
+            "spread": self.spread,
             "seed": self.seed,
         }
 
@@ -227,6 +248,7 @@ def straggler_model(straggler, workers: int, seed: int) -> StragglerModel:
     workers, with the job's `seed`; ValueError names what does not fit."""
     return StragglerModel(workers, enabled=straggler.enabled, slowdown=straggler.slowdown,
                           jitter_sigma=straggler.jitter_sigma, base_s=straggler.base_s, seed=seed,
+                          spread=straggler.spread,
                           phases=[SlowPhase(**p) for p in straggler.phases])
 
 
