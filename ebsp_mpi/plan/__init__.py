@@ -3,8 +3,11 @@
 - :mod:`.hybcomm` — Poseidon's hybrid communication (USENIX ATC 2017, Sec. 3.2): per dense layer, the
   dense gradient through the parameter servers (``ps``) or its sufficient factors (``sfb``), whichever
   moves fewer bytes on the busiest rank.
+- :mod:`.osdp` — OSDP (IJCAI 2023): per layer resident, on-demand or on-demand in slices, the most
+  samples per second under a per-worker memory limit (exact search); :mod:`.osdp_authors` solves the
+  authors' own problem on their profile; :mod:`.osdp_files` reads and writes profiles and plans.
 
-See DESIGN.md, "Hybrid communication".
+See DESIGN.md, "Hybrid communication" and "OSDP".
 """
 
 from .hybcomm import (

@@ -58,7 +58,9 @@ The items, in order: the prefix's forward; per block in forward order its forwar
 resident, else one per slice; its parameter-free layers join the last one, and the loss joins the
 last block's); per block in backward order its backward (resident: one item; else one per slice,
 last slice first, the parameter-free layers joining the first). Times come from the profile; a slice
-takes 1/s of its layer's time. With ``overlap`` (transfers proceed while the device computes)::
+takes 1/s of its layer's time. The last block's last unit serves its forward and, after the loss, its
+backward: it is kept between the two, not fetched again (nothing runs between them to free it for).
+With ``overlap`` (transfers proceed while the device computes)::
 
     pull        = L + R/β                 resident weights R, pulled at the start as today
     fetch(u)    = 2L + bytes(u)/β          request + reply, issued when the item before starts
@@ -206,11 +208,13 @@ class CostModel:
 
 @dataclass(frozen=True)
 class Item:
-    """One compute step of the chain: its seconds, the bytes of its on-demand unit (0: resident)."""
+    """One compute step of the chain: its seconds, the bytes of its on-demand unit (0: resident), and
+    whether its unit is the one the item before used, kept rather than fetched again."""
 
     seconds: float
     unit: int
     backward: bool
+    kept: bool = False
 
 
 @dataclass(frozen=True)
@@ -282,10 +286,11 @@ def block_items(cm: CostModel, i: int, s: int) -> tuple[list[Item], list[Item]]:
     if s == RESIDENT:
         return ([Item(block.forward_s + after, 0, False)],
                 [Item(block.after_backward_s + block.backward_s, 0, True)])
-    units = cm.unit_bytes(block, s)
+    units, last = cm.unit_bytes(block, s), i == len(cm.blocks) - 1
     forward = [Item(block.forward_s / s + (after if k == s - 1 else 0.0), n, False) for k, n in enumerate(units)]
-    backward = [Item(block.backward_s / s + (block.after_backward_s if k == s - 1 else 0.0), units[k], True)
-                for k in reversed(range(s))]
+    # the last block's last slice serves its forward and at once its backward: kept, not fetched again
+    backward = [Item(block.backward_s / s + (block.after_backward_s if k == s - 1 else 0.0), units[k], True,
+                     kept=last and k == s - 1) for k in reversed(range(s))]
     return forward, backward
 
 
@@ -307,7 +312,7 @@ def _resident_bytes(cm: CostModel, choices: Sequence[int]) -> int:
 def memory(cm: CostModel, choices: Sequence[int]) -> Memory:
     """The peak of a plan, by part, scanning the chain for the largest pair of adjacent units."""
     chain = items(cm, choices)
-    buffer = max(a.unit + b.unit for a, b in itertools.pairwise([*chain, Item(0.0, 0, True)]))
+    buffer = max(a.unit + (0 if b.kept else b.unit) for a, b in itertools.pairwise([*chain, Item(0.0, 0, True)]))
     temp = max([cm.batch * b.split_temp_elems * cm.itemsize
                 for b, s in zip(cm.blocks, choices, strict=True) if s >= 2], default=0)
     return Memory(2 * _resident_bytes(cm, choices), buffer, temp, cm.activation_bytes)
@@ -321,7 +326,7 @@ def simulate(cm: CostModel, choices: Sequence[int]) -> float:
     before = t  # start of the item before
     for item in items(cm, choices):
         start = t
-        if item.unit:
+        if item.unit and not item.kept:
             issued = before if cm.overlap else t
             start = max(t, issued + cm.fetch_s(item.unit))
         before, t = start, start + item.seconds + (cm.push_s(item.unit) if item.unit and item.backward else 0.0)
@@ -360,8 +365,8 @@ class _Terms:
         term (an item's unit + the next one's) of all but the last."""
         cm, wait, buffer = self.cm, 0.0, 0
         for before, item in itertools.pairwise(chain):
-            buffer = max(buffer, before.unit + item.unit)
-            if item.unit:
+            buffer = max(buffer, before.unit + (0 if item.kept else item.unit))
+            if item.unit and not item.kept:
                 fetch = cm.fetch_s(item.unit)
                 if cm.overlap:
                     ran = before.seconds + (cm.push_s(before.unit) if before.unit and before.backward else 0.0)

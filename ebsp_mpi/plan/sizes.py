@@ -30,8 +30,8 @@ def parse_size(text: str, what: str = "size") -> int:
         raise ValueError(f"{what} {text!r}: expected a size such as 512MiB, 2GB or 100000 (bytes); units: {UNITS}")
     base = 1024 if m["binary"] else 1000
     value = float(m["number"]) * base ** _PREFIX[m["prefix"].lower()]
-    if value < 1:
-        raise ValueError(f"{what} {text!r}: must be at least 1 byte")
+    if not 1 <= value < 2**63:
+        raise ValueError(f"{what} {text!r}: must be at least 1 byte and below 8 EiB")
     return int(value)
 
 
