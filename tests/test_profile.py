@@ -1,0 +1,141 @@
+"""``profile`` and ``plan JOB``: a profile of a small job, network figures from bench mpi, plans written and
+read back by the job that names them, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ebsp_mpi import build
+from ebsp_mpi.cli import main
+from ebsp_mpi.config import load_job
+from ebsp_mpi.plan.osdp_files import OsdpFileError, model_layers, read_plan, read_profile
+
+JOB = ["--set", "data.name=synthetic", "--set", "data.synthetic_samples=200", "--set", "model.hidden=[48,48]",
+       "--set", "data.batch_size=8"]
+QUICK = ["--reps", "2", "--warmup", "1", "-q"]
+
+
+def job_of(*overrides):
+    """The job that ``JOB`` plus `overrides` (``--set`` pairs) describe."""
+    pairs = [*JOB, *overrides]
+    return load_job(None, [v for k, v in zip(pairs[::2], pairs[1::2], strict=True) if k == "--set"])
+
+
+@pytest.fixture(scope="module")
+def profile_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("profile") / "profile.json"
+    assert main(["profile", *JOB, *QUICK, "--batch-sizes", "8,16", "--latency", "2e-5", "--bandwidth", "2GB/s",
+                 "--out", str(path)]) == 0
+    return path
+
+
+def test_profile_describes_the_jobs_model(profile_file):
+    doc = read_profile(profile_file)
+    job = job_of()
+    layers = model_layers(build.model(job, build.dataset(job)))
+    assert [(e["name"], e["params"]) for e in doc["layers"]] == [(e["name"], e["params"]) for e in layers]
+    assert doc["batch_sizes"] == [8, 16]
+    dense = [e for e in doc["layers"] if e["params"]]
+    assert [e["rows"] for e in dense] == [64, 48, 48] and dense[0]["row_elems"] == 48
+    assert all(t > 0 for e in dense for t in e["forward_s"] + e["backward_s"])
+    # a step at batch 16 holds more than at batch 8 (the minibatch and every activation double)
+    assert 0 < doc["activation_bytes"][0] < doc["activation_bytes"][1]
+    assert doc["network"] == {"latency_s": 2e-5, "bandwidth_bytes_per_s": 2e9, "source": "options", "overlap": False}
+
+
+def bench_records(tmp_path):
+    records = []
+    for size, label, one_way in ((4096, "4 KiB", 3e-6), (1 << 20, "1 MiB", 2e-4), (64 << 20, "64 MiB", 1e-2)):
+        records.append({"kind": "mpi", "case": f"bandwidth {label}", "figure": size / one_way, "unit": "B/s",
+                        "reference": "memory copy", "reference_figure": 1.0, "ratio": 1.0})
+        records.append({"kind": "mpi", "case": f"latency {label}", "figure": one_way, "unit": "s",
+                        "reference": "memory copy", "reference_figure": 1.0, "ratio": 1.0})
+    path = tmp_path / "mpi.json"
+    path.write_text(json.dumps(records))
+    return path
+
+
+def test_network_from_bench_mpi(tmp_path):
+    out = tmp_path / "p.json"
+    assert main(["profile", *JOB, *QUICK, "--bench", str(bench_records(tmp_path)), "--out", str(out)]) == 0
+    net = read_profile(out)["network"]
+    # latency: the smallest message's one-way time; bandwidth: the largest message's
+    assert net["latency_s"] == 3e-6 and net["bandwidth_bytes_per_s"] == (64 << 20) / 1e-2
+    assert net["source"].startswith("bench mpi")
+
+
+def test_plan_from_profile_is_what_the_job_reads(profile_file, tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    assert main(["plan", *JOB, "--profile", str(profile_file), "--batch-sizes", "8", "--memory-limit", "1GiB",
+                 "--out", str(plan)]) == 0
+    out = capsys.readouterr().out
+    assert "all-resident" in out and "predicted peak memory" in out
+    doc = read_plan(plan)
+    assert doc["batch_size"] == 8 and all(e["mode"] == "resident" for e in doc["layers"])
+    job = job_of("--set", f"osdp.plan={plan}")
+    assert build.osdp_plan(job, build.model(job, build.dataset(job)))["layers"] == doc["layers"]
+
+    # one byte under all-resident's peak: some layer must leave the worker
+    tight = tmp_path / "tight.json"
+    assert main(["plan", *JOB, "--profile", str(profile_file), "--batch-sizes", "8", "--memory-limit",
+                 str(doc["predicted"]["peak_bytes"] - 1), "--out", str(tight)]) == 0
+    layers = read_plan(tight)["layers"]
+    assert any(e["mode"] == "on-demand" for e in layers)
+    assert all(sum(e["slice_rows"]) == e_rows for e, e_rows in zip(layers, (64, 48, 48), strict=True)
+               if e["mode"] == "on-demand")
+
+
+def one_line_error(capsys, args) -> str:
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ebsp_mpi: error:"), err
+    return err[0]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--bench", "x.json", "--latency", "1e-6"], ["not both"]),
+    (["--bandwidth", "fast"], ["--bandwidth", "per second"]),
+    (["--latency", "-1"], ["--latency"]),
+    (["--batch-sizes", "8,x"], ["--batch-sizes"]),
+    (["--bench", "/no/such/mpi.json"], ["/no/such/mpi.json", "not found"]),
+    (["--reps", "0"], ["--reps"]),
+])
+def test_profile_errors(capsys, tmp_path, args, words):
+    line = one_line_error(capsys, ["profile", *JOB, "-q", "--out", str(tmp_path / "p.json"), *args])
+    for word in words:
+        assert word in line
+
+
+def test_bench_file_without_mpi_records(capsys, tmp_path):
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps([{"kind": "ps", "case": "round trip", "figure": 1.0}]))
+    assert "bench mpi" in one_line_error(capsys, ["profile", *JOB, "-q", "--bench", str(path),
+                                                  "--out", str(tmp_path / "p.json")])
+
+
+def test_plan_errors(capsys, tmp_path, profile_file):
+    other = ["--set", "model.hidden=[16]"]
+    line = one_line_error(capsys, ["plan", *JOB, *other, "--profile", str(profile_file), "--memory-limit", "1GB"])
+    assert "profiled on layers" in line
+    line = one_line_error(capsys, ["plan", *JOB, "--profile", str(profile_file), "--batch-sizes", "32",
+                                   "--memory-limit", "1GB"])
+    assert "--batch-sizes" in line and "8,16" in line
+    line = one_line_error(capsys, ["plan", *JOB, "--profile", str(profile_file), "--memory-limit", "2k"])
+    assert "smallest limit that fits" in line
+    not_profile = tmp_path / "x.json"
+    not_profile.write_text("{}")
+    assert "not an OSDP profile" in one_line_error(capsys, ["plan", *JOB, "--profile", str(not_profile),
+                                                            "--memory-limit", "1GB"])
+
+
+def test_job_naming_a_bad_plan(capsys, tmp_path):
+    bad = tmp_path / "plan.json"
+    bad.write_text(json.dumps({"format": "something else"}))
+    job = job_of("--set", f"osdp.plan={bad}")
+    with pytest.raises(OsdpFileError, match="not an OSDP plan"):
+        build.model(job, build.dataset(job))
+    line = one_line_error(capsys, ["train", *JOB, "--set", f"osdp.plan={tmp_path / 'none.json'}",
+                                   "--set", "stop.iterations=1", "-q", "--out", str(tmp_path / "run")])
+    assert "osdp.plan" in line and "not found" in line
