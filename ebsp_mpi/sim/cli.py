@@ -54,6 +54,10 @@ def main(args) -> int:
         raise UsageError(f"--iterations {args.iterations}: needs at least 1")
     job = _job(args)
     workers = _workers(args, job)
+    # the run's job says how it ran (a replay of this run then runs the same)
+    job.sync.workers = workers
+    if args.iterations is not None:
+        job.stop.iterations = args.iterations
 
     from ..outputs import make_run_dir, remove_if_unused
     from .run import describe, simulate_job

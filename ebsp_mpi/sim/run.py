@@ -118,9 +118,33 @@ def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, it
         "iterations_limit": limit, "seconds_limit": None if until == math.inf else until,
         "pushes": result.pushes, "simulation_seconds": seconds,
         "pushes_per_second": result.pushes / seconds if seconds > 0 else None,
+        **_statistics(result, records),
     }
     write_summary(run_dir, summary)
     return summary
+
+
+def _statistics(result: SimResult, records) -> dict:
+    """What a study of many simulations reads without the traces: the staleness of the pushes, and the
+    barriers' predicted and observed spread (ElasticBSP; medians over barriers of two or more workers)."""
+    staleness = np.concatenate([b - u for b, u in zip(result.before, result.used, strict=True)]) \
+        if result.workers else np.zeros(0)
+    out = {"staleness": {"mean": float(staleness.mean()), "median": float(np.median(staleness)),
+                         "p99": float(np.percentile(staleness, 99)), "max": int(staleness.max())}
+           if len(staleness) else None}
+    barriers = [r.row for r in records if r.table == "barriers"]
+    arrived: dict[int, int] = {}
+    for r in records:
+        if r.table == "barrier_members" and math.isfinite(r.row["arrival_t"]):
+            arrived[r.row["barrier"]] = arrived.get(r.row["barrier"], 0) + 1
+    shared = [b for b in barriers if arrived.get(b["barrier"], 0) >= 2]
+    out["barrier_spread"] = {
+        "barriers": len(shared),
+        "predicted_median_s": float(np.median([b["predicted_spread"] for b in shared])),
+        "observed_median_s": float(np.median([b["observed_spread"] for b in shared])),
+        "r_median": float(np.median([r.row["r"] for r in records if r.table == "barrier_members"])),
+    } if shared else None
+    return out
 
 
 def describe(summary: dict, run_dir) -> str:

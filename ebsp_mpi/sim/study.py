@@ -1,0 +1,190 @@
+"""``simulate --sweep FILE``: every member of a sweep file simulated in turn, then one scaling table.
+
+A sweep file is the one ``sweep`` reads (:mod:`ebsp_mpi.sweep.spec`); each member names its number of
+workers with ``sync.workers``. The output directory holds one run directory per member and the sweep
+manifest (``sweep.json``), so ``compare`` and ``report`` read it as a sweep, and:
+
+- ``scaling.csv``, ``scaling.md``: one row per member: model, workers, pushes, simulated seconds per
+  1,000 pushes and against ASP at the same n (the time a model without waiting needs for as many
+  pushes), the share of the workers' time spent waiting, staleness (mean, 99th percentile, max), and
+  for ElasticBSP the barriers' median r, predicted and observed spread;
+- ``scaling.png``: those figures against n, one line per model.
+
+The table reads only the summaries (``simulation`` holds the staleness and barrier statistics), so the
+sweep may set ``trace.enabled = false`` to skip the traces of its large members.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from ..errors import UsageError
+
+#: columns of scaling.csv, in order
+COLUMNS = ("member", "model", "workers", "pushes", "simulated_s", "s_per_1000_pushes", "vs_asp", "wait_share",
+           "staleness_mean", "staleness_p99", "staleness_max", "barriers", "r_median", "predicted_spread_ms",
+           "observed_spread_ms", "simulation_s")
+
+
+def run_sweep(path: str, out: str | None, show_progress: bool = True) -> Path:
+    """Simulate every member of the sweep file `path` into `out`; write the manifest and the table.
+
+    Raises
+    ------
+    UsageError
+        For a bad sweep file, a member without ``sync.workers``, or a member the simulation refuses.
+    """
+    from ..config import load_job
+    from ..outputs import make_run_dir
+    from ..sweep.runner import Outcome, default_out, write_manifest
+    from ..sweep.spec import SweepError, load_sweep
+    from .run import simulate_job
+
+    sweep = load_sweep(path)
+    base = str(sweep.base) if sweep.base else None
+    jobs = []
+    for m in sweep.members:  # every member checked before the first runs
+        try:
+            job = load_job(base, m.overrides)
+        except UsageError as e:
+            raise SweepError(f"{sweep.path}: member {m.name!r}: {e}") from None
+        if not job.sync.workers:
+            raise SweepError(f"{sweep.path}: member {m.name!r}: set sync.workers (the virtual workers)")
+        jobs.append(job)
+    out_dir = Path(out) if out else default_out(sweep)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    outcomes = []
+    for i, (m, job) in enumerate(zip(sweep.members, jobs, strict=True)):
+        command = [sys.executable, "-m", "ebsp_mpi", "simulate", *([base] if base else []),
+                   *[a for o in m.overrides for a in ("--set", o)], "--out", str(out_dir / m.name), "-q"]
+        outcome = Outcome(name=m.name, group=m.group, seed=m.seed, dir=m.name, command=command,
+                          overrides=list(m.overrides))
+        started = time.monotonic()
+        try:
+            summary = simulate_job(job, job.sync.workers, make_run_dir(str(out_dir / m.name), job.name),
+                                   show_progress=False)
+        except UsageError as e:
+            raise SweepError(f"{sweep.path}: member {m.name!r}: {e}") from None
+        outcome.seconds, outcome.status, outcome.returncode = time.monotonic() - started, "ok", 0
+        outcomes.append(outcome)
+        if show_progress:
+            print(f"[{i + 1:>{len(str(len(jobs)))}}/{len(jobs)}] {m.name:<28} {outcome.seconds:7.1f} s  "
+                  f"{summary['simulation']['pushes']:>9} pushes", file=sys.stderr)
+        write_manifest(out_dir, sweep, 0, outcomes)
+    rows = scaling_rows(out_dir)
+    write_table(rows, out_dir)
+    scaling_figure(rows, out_dir / "scaling.png")
+    print(f"{len(rows)} simulations -> {out_dir} (scaling.md, scaling.csv, scaling.png)")
+    return out_dir
+
+
+def _label(summary: dict) -> str:
+    from ..analysis.runs import model_label
+
+    return model_label(summary.get("config") or {})
+
+
+def scaling_rows(out_dir: Path) -> list[dict]:
+    """One row of :data:`COLUMNS` per member of the sweep in `out_dir` (in the manifest's order)."""
+    manifest = json.loads((out_dir / "sweep.json").read_text())
+    summaries = [(m["name"], json.loads((out_dir / m["dir"] / "summary.json").read_text()))
+                 for m in manifest["members"]]
+    asp = {s["workers"]: s["wall_seconds"] / sum(s["iterations"]) for _, s in summaries if s["sync"] == "asp"}
+    rows = []
+    for name, s in summaries:
+        sim = s["simulation"]
+        pushes, wall = sum(s["iterations"]), s["wall_seconds"]
+        spread = sim.get("barrier_spread") or {}
+        staleness = sim.get("staleness") or {}
+        per_push = wall / pushes if pushes else math.nan
+        # the workers' busy time is what they did not wait: the share is of the sum of both
+        waited = sum(s["wait_seconds"])
+        busy = sum(s["injected_delay_seconds"]) + sum(s["compute_seconds"])
+        rows.append({
+            "member": name, "model": _label(s), "workers": s["workers"], "pushes": pushes, "simulated_s": wall,
+            "s_per_1000_pushes": 1000 * per_push,
+            "vs_asp": per_push / asp[s["workers"]] if s["workers"] in asp else math.nan,
+            "wait_share": waited / (waited + busy) if waited + busy > 0 else math.nan,
+            "staleness_mean": staleness.get("mean", math.nan), "staleness_p99": staleness.get("p99", math.nan),
+            "staleness_max": staleness.get("max", math.nan), "barriers": s["barriers"],
+            "r_median": spread.get("r_median", math.nan),
+            "predicted_spread_ms": 1000 * spread.get("predicted_median_s", math.nan),
+            "observed_spread_ms": 1000 * spread.get("observed_median_s", math.nan),
+            "simulation_s": sim["simulation_seconds"],
+        })
+    return rows
+
+
+def _cell(column: str, value) -> str:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "—"
+        if column in ("wait_share",):
+            return f"{value:.1%}"
+        if column in ("vs_asp", "staleness_mean", "s_per_1000_pushes"):
+            return f"{value:.3f}"
+        return f"{value:.1f}"
+    return str(value)
+
+
+def write_table(rows: list[dict], out_dir: Path) -> None:
+    """``scaling.csv`` (every column) and ``scaling.md`` (the columns a reader compares)."""
+    import csv
+
+    with (out_dir / "scaling.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    shown = ("model", "workers", "pushes", "s_per_1000_pushes", "vs_asp", "wait_share", "staleness_mean",
+             "staleness_p99", "staleness_max", "r_median", "predicted_spread_ms", "observed_spread_ms")
+    lines = ["| " + " | ".join(shown) + " |", "|" + "|".join("---" for _ in shown) + "|"]
+    lines += ["| " + " | ".join(_cell(c, r[c]) for c in shown) + " |" for r in rows]
+    (out_dir / "scaling.md").write_text("\n".join(lines) + "\n")
+
+
+def scaling_figure(rows: list[dict], path: Path) -> None:
+    """Time per push against ASP, waiting share, mean staleness and ElasticBSP's spreads against n."""
+    from matplotlib.figure import Figure
+
+    from ..analysis.figures import PALETTE
+
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    colour = {m: PALETTE[i % len(PALETTE)] for i, m in enumerate(models)}
+    fig = Figure(figsize=(11, 7.5), layout="constrained")
+    axes = fig.subplots(2, 2).ravel()
+    panels = (("vs_asp", "time per push / ASP's (1 = no waiting)", False),
+              ("wait_share", "share of the workers' time spent waiting", False),
+              ("staleness_mean", "mean staleness (versions)", True))
+    for ax, (column, title, log) in zip(axes, panels, strict=False):
+        for m in models:
+            mine = sorted((r["workers"], r[column]) for r in rows if r["model"] == m)
+            ax.plot([n for n, _ in mine], [v for _, v in mine], marker="o", ms=4, color=colour[m], label=m)
+        ax.set_xscale("log", base=2)
+        if log:
+            ax.set_yscale("log")
+        ax.set_title(title, fontsize=10.5, loc="left")
+        ax.set_xlabel("workers")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8.5)
+    ax = axes[3]
+    for m in models:
+        mine = sorted((r["workers"], r["predicted_spread_ms"], r["observed_spread_ms"]) for r in rows
+                      if r["model"] == m and not math.isnan(r["observed_spread_ms"]))
+        if mine:
+            ax.plot([n for n, _, _ in mine], [o for _, _, o in mine], marker="o", ms=4, color=colour[m],
+                    label=f"{m}: observed")
+            ax.plot([n for n, _, _ in mine], [p for _, p, _ in mine], ls="--", marker="x", ms=4, color=colour[m],
+                    label=f"{m}: predicted")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_title("ElasticBSP: median barrier spread (ms)", fontsize=10.5, loc="left")
+    ax.set_xlabel("workers")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.suptitle("Sync models from 4 to 4,096 simulated workers (log-uniform speeds over 4x, jitter, slow phases)",
+                 fontsize=12, fontweight="bold")
+    fig.savefig(path, dpi=80)

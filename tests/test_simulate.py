@@ -1,0 +1,210 @@
+"""``python -m ebsp_mpi simulate``: the run directory it writes (train's schema, read by the analysis),
+the virtual workers (the straggler model's draws, replays), the simulator's versions and staleness, the
+speed-ups of the policies against scans of every worker, and bad input as one line with exit code 2.
+
+The agreement of a replay with the live run it replays is tests/test_simulate_live.py (MPI, slow)."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ebsp_mpi.config import SyncConfig, load_job, to_dict
+from ebsp_mpi.outputs import SUMMARY_KEYS
+from ebsp_mpi.sim.workers import JITTER_BLOCK, ModelWorkers
+from ebsp_mpi.straggler import SlowPhase, StragglerModel, straggler_model
+from ebsp_mpi.sync.bsp import BSP
+from ebsp_mpi.sync.dssp import DSSP
+from ebsp_mpi.sync.registry import make_policy
+from ebsp_mpi.sync.simulate import simulate
+from ebsp_mpi.sync.ssp import SSP
+from ebsp_mpi.trace.reader import read_run
+
+STRAGGLER = ["straggler.base_s=0.01", "straggler.slowdown=[1, 1, 3]", "straggler.jitter_sigma=0.2"]
+
+
+def run(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "ebsp_mpi", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def simulate_cli(out, *args, timeout=120):
+    return run("simulate", "--out", str(out), "-q", *args, timeout=timeout)
+
+
+def random_intervals(n: int, seed: int, columns: int = 64) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.exp(rng.uniform(0, np.log(5.0), n))[:, None] * rng.lognormal(0.0, 0.3, (n, columns))
+
+
+# -- the event loop ------------------------------------------------------------------------------------
+
+
+def test_versions_and_staleness_are_counted_as_the_server_counts_them():
+    """ASP: every push is a version, so a push's staleness is the pushes of others since its pull; BSP:
+    a round is a version, so every push is of the current round (staleness 0)."""
+    res = simulate(make_policy(SyncConfig(model="asp"), 2), [1.0, 2.5], 4)
+    # worker 1 pulls at 0 (version 0), pushes at 2.5 after worker 0's pushes at 1 and 2: staleness 2
+    assert res.used[1].tolist() == [0, 3, 6, 7] and res.before[1][0] == 2  # pushes at 1, 2 by worker 0
+    bsp = simulate(BSP(3), [1.0, 2.0, 3.0], 5)
+    assert all((b - u == 0).all() for b, u in zip(bsp.before, bsp.used, strict=True))
+    # workers 0 and 1 are told to stop at their last push, before worker 2's completes the last round
+    assert bsp.versions == 5 and bsp.stop_version.tolist() == [4, 4, 5]
+
+
+def test_a_time_limit_stops_each_worker_at_its_first_release_after_it():
+    res = simulate(SSP(2, staleness=0), [1.0, 3.0], until=10.0)
+    assert [len(p) for p in res.push] == [4, 4]  # lockstep: both released at 3, 6, 9, stopped at 12
+    assert res.end.tolist() == [12.0, 12.0] and res.wait[0] == pytest.approx(4 * 2.0)
+    with pytest.raises(ValueError, match="iteration count or a finite time limit"):
+        simulate(SSP(2), [1.0, 1.0])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_policies_sped_up_release_as_a_scan_of_every_worker_does(seed):
+    """SSP's held workers filed by the minimum that frees them, and DSSP's heap of the slowest workers'
+    predicted pushes, against the definitions: each release's leads within the bounds, and DSSP with
+    r = 0 releasing exactly as SSP."""
+    n, s = 9, 1 + seed % 3
+    intervals = random_intervals(n, seed)
+    ssp = simulate(SSP(n, staleness=s), intervals, 60)
+    assert all(max(r.leads()) <= s for r in ssp.releases[1:])
+    dssp = simulate(DSSP(n, staleness=s, dssp_range=0), intervals, 60)
+    assert [(r.t, r.workers) for r in dssp.releases] == [(r.t, r.workers) for r in ssp.releases]
+    wide = simulate(DSSP(n, staleness=s, dssp_range=3), intervals, 60)
+    assert all(max(r.leads()) <= s + 3 for r in wide.releases[1:])
+
+
+# -- virtual workers -----------------------------------------------------------------------------------
+
+
+def test_model_workers_draw_the_live_workers_jitter_and_slow_phases():
+    model = StragglerModel(3, slowdown=[1.0, 2.0], jitter_sigma=0.3, base_s=0.01, seed=5,
+                           phases=[SlowPhase(1, 2.0, 3.0, 4.0)])
+    workers = ModelWorkers(model)
+    for w, k, t in [(0, 0, 0.0), (1, 7, 2.5), (1, 7, 3.5), (2, JITTER_BLOCK + 3, 9.0)]:
+        assert workers.interval(w, k, t) == pytest.approx(model.emulated(w, k, 0.0, t), rel=1e-12)
+
+
+def test_the_spread_is_log_uniform_per_worker_and_the_same_for_any_number_of_workers():
+    few, many = StragglerModel(4, spread=4.0, seed=1), StragglerModel(4096, spread=4.0, seed=1)
+    assert few.slowdown == many.slowdown[:4]
+    factors = np.log(np.array(many.slowdown)) / np.log(4.0)
+    assert factors.min() >= 0 and factors.max() < 1 and abs(factors.mean() - 0.5) < 0.03
+
+
+# -- the run directory ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", ["bsp", "ssp", "elasticbsp", "psp"])
+def test_a_simulated_run_has_trains_summary_keys_and_trace_tables(tmp_path, model):
+    p = simulate_cli(tmp_path / "sim", "--workers", "3", "--iterations", "40", "--set", f"sync.model={model}",
+                     *[a for s in STRAGGLER for a in ("--set", s)])
+    assert p.returncode == 0, p.stderr
+    summary = json.loads((tmp_path / "sim" / "summary.json").read_text())
+    assert list(summary)[:len(SUMMARY_KEYS)] == list(SUMMARY_KEYS) and list(summary)[-1] == "simulation"
+    assert summary["backend"] == "simulated" and summary["test_accuracy"] is None
+    assert summary["iterations"] == [40, 40, 40] and summary["sync"] == model
+    traces = read_run(tmp_path / "sim")
+    assert sorted(traces) == [0, 1, 2, 3] and all(t.attrs["simulated"] for t in traces.values())
+    pushes, pulls = traces[0].table("pushes"), traces[0].table("pulls")
+    assert len(pushes) == 120 and len(pulls) == 3 * 41 and np.all(np.diff(pushes["t"]) >= 0)
+    it = traces[3].table("iterations")
+    # worker 2 is three times slower; the trace's waits add up to the summary's
+    assert np.allclose(it["t_compute_end"] - it["t_start"], it["injected_delay_s"])
+    assert it["wait_s"].sum() == pytest.approx(summary["wait_seconds"][2])
+    if model == "bsp":
+        assert (pushes["staleness"] == 0).all() and summary["versions"] == 40
+    if model == "elasticbsp":
+        assert len(traces[0].table("zipline")) >= summary["barriers"] > 0
+
+
+@pytest.mark.slow
+def test_report_compare_and_timeline_read_a_simulated_run(tmp_path):
+    assert simulate_cli(tmp_path / "sim", "--workers", "40", "--iterations", "30", "--set", "sync.model=elasticbsp",
+                        "--set", "straggler.base_s=0.01", "--set", "straggler.spread=4").returncode == 0
+    p = run("report", str(tmp_path / "sim"), "--out", str(tmp_path / "report"))
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "report" / "wait.png").is_file() and (tmp_path / "report" / "zipline.png").is_file()
+    p = run("timeline", str(tmp_path / "sim"), "-o", str(tmp_path / "t.json"))
+    assert p.returncode == 0, p.stderr
+    assert json.loads((tmp_path / "t.json").read_text())["otherData"]["world_size"] == 41
+
+
+def test_a_replay_of_a_simulated_run_repeats_it(tmp_path):
+    """A run's recorded times replayed under the same job give the same timeline (the model workers'
+    phases are all straggler delay, which the replay takes as it was recorded)."""
+    args = ["--workers", "4", "--iterations", "30", "--set", "sync.model=ssp", "--set", "sync.staleness=1",
+            *[a for s in STRAGGLER for a in ("--set", s)]]
+    assert simulate_cli(tmp_path / "a", *args).returncode == 0
+    p = simulate_cli(tmp_path / "b", "--replay", str(tmp_path / "a"))
+    assert p.returncode == 0, p.stderr
+    a, b = (json.loads((tmp_path / d / "summary.json").read_text()) for d in "ab")
+    assert b["workers"] == 4 and b["simulation"]["replay"] == str(tmp_path / "a")
+    assert b["wall_seconds"] == pytest.approx(a["wall_seconds"], rel=1e-9)
+    assert b["wait_seconds"] == pytest.approx(a["wait_seconds"], rel=1e-9, abs=1e-12)
+
+
+def test_a_sweep_of_simulations_writes_its_scaling_table(tmp_path):
+    sweep = tmp_path / "s.toml"
+    sweep.write_text('name = "s"\nset = ["trace.enabled=false", "stop.iterations=20", "straggler.base_s=0.01", '
+                     '"straggler.spread=3"]\n' + "".join(
+                         f'[[member]]\nname = "{m}-n{n}"\nset = ["sync.model={m}", "sync.workers={n}"]\n'
+                         for n in (2, 8) for m in ("asp", "bsp", "elasticbsp")))
+    p = run("simulate", "--sweep", str(sweep), "--out", str(tmp_path / "out"), "-q")
+    assert p.returncode == 0, p.stderr
+    table = (tmp_path / "out" / "scaling.csv").read_text().splitlines()
+    assert len(table) == 7 and (tmp_path / "out" / "scaling.png").is_file()
+    manifest = json.loads((tmp_path / "out" / "sweep.json").read_text())
+    assert [m["status"] for m in manifest["members"]] == ["ok"] * 6
+    assert run("compare", str(tmp_path / "out")).returncode == 0
+
+
+# -- bad input ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--workers", "0", "--iterations", "5"], "--workers 0: needs at least 1 worker"),
+    (["--workers", "2"], "give --iterations K"),
+    (["--iterations", "5"], "how many workers"),
+    (["--workers", "2", "--iterations", "5", "--set", "straggler.base_s=0"], "straggler.base_s"),
+    (["--workers", "2", "--iterations", "5", "--set", "straggler.base_s=0.01", "--set", "straggler.slowdown=[1, 2, 3]"],
+     "simulate with 2 workers: straggler.slowdown has 3 entries"),
+    (["--workers", "2", "--iterations", "5", "--set", "straggler.base_s=0.01", "--set",
+      "straggler.phases=[{worker = 5, t1 = 0.0, t2 = 1.0, factor = 2.0}]"], "worker 5 out of range"),
+    (["--replay", "{tmp}"], "--replay {tmp}: not a run directory"),
+    (["--replay", "{tmp}/nowhere"], "no such directory"),
+    (["--sweep", "{tmp}/nowhere.toml"], "nowhere.toml"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(tmp_path, args, message):
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    p = simulate_cli(tmp_path / "out", *args)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and message.replace("{tmp}", str(tmp_path)) in lines[0], p.stderr
+    assert not (tmp_path / "out").exists()  # no empty run directory left behind
+
+
+def test_a_replay_directory_without_traces_is_refused(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "trace").mkdir(parents=True)
+    (run_dir / "summary.json").write_text(json.dumps({"config": to_dict(load_job()), "wall_seconds": 1.0}))
+    p = simulate_cli(tmp_path / "out", "--replay", str(run_dir), "--iterations", "3")
+    assert p.returncode == 2 and "no trace files" in p.stderr, p.stderr
+
+
+def test_bench_simulate_prints_each_policy_against_the_bare_loop(tmp_path):
+    p = run("bench", "simulate", "--workers", "16", "--iterations", "40", "--json", str(tmp_path / "b.json"))
+    assert p.returncode == 0, p.stderr
+    records = json.loads((tmp_path / "b.json").read_text())
+    assert {r["case"].split(" ")[0] for r in records} == {"bsp", "asp", "ssp(s=3)", "dssp(s=3,r=3)",
+                                                          "elasticbsp(R=15)", "psp(β=2,s=3)"}
+    assert all(r["reference"] == "bare heapq loop" and r["ratio"] > 0 for r in records)
+
+
+def test_the_job_of_a_live_run_with_its_straggler_section_builds_model_workers():
+    job = load_job(None, ["straggler.base_s=0.02", "straggler.spread=2"])
+    workers = ModelWorkers(straggler_model(job.straggler, 5, job.seed))
+    assert all(0.02 <= workers.interval(w, 0, 0.0) / np.exp(0.0) < 0.04 for w in range(5))
