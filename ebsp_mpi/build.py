@@ -49,7 +49,7 @@ def model(job: JobConfig, ds: Dataset, xp=np, dtype=np.float32) -> Model:
     check_model_fits(job, ds, specs, np.dtype(dtype))
     built = build_model(m.kind, ds.input_shape, ds.num_classes, hidden=tuple(m.hidden),
                         channels=tuple(m.channels), xp=xp, dtype=dtype, seed=job.seed)
-    osdp_plan(job, built)  # a plan file that does not fit this model is one line here, on every rank
+    check_memory_limit(job, built, osdp_plan(job, built))  # one line here, on every rank, before training
     return built
 
 
@@ -70,6 +70,38 @@ def osdp_plan(job: JobConfig, model: Model) -> dict | None:
     plan = read_plan(job.osdp.plan)
     check_plan(plan, model_layers(model), job.data.batch_size, where)
     return plan
+
+
+def check_memory_limit(job: JobConfig, model: Model, plan: dict | None) -> None:
+    """Refuse a run whose worker would need more than ``osdp.memory_limit``: the plan's predicted peak,
+    or, without a plan, the weights and gradients of every layer (a lower bound: activations add to it).
+
+    Raises
+    ------
+    ModelError
+        One line with both figures and the command that plans under the limit.
+    """
+    if not job.osdp.memory_limit:
+        return
+    from .plan.sizes import format_size, parse_size
+
+    try:
+        limit = parse_size(job.osdp.memory_limit, "osdp.memory_limit =")
+    except ValueError as e:
+        raise ModelError(str(e)) from None
+    where = f"osdp.memory_limit = {job.osdp.memory_limit!r} ({format_size(limit)})"
+    if plan is None:
+        need = 2 * model.space.nbytes
+        if need > limit:
+            raise ModelError(f"{where}: every layer resident needs at least {format_size(need)} per worker (weights "
+                             f"and gradients of {model.space.size} parameters); plan which layers to fetch on demand: "
+                             f"python -m ebsp_mpi plan JOB --memory-limit {job.osdp.memory_limit}")
+        return
+    need = int(plan.get("predicted", {}).get("peak_bytes", 0))
+    if need > limit:
+        raise ModelError(f"{where}: the plan in osdp.plan = {job.osdp.plan!r} predicts a peak of {format_size(need)} "
+                         f"per worker; plan again under this limit: python -m ebsp_mpi plan JOB --memory-limit "
+                         f"{job.osdp.memory_limit}")
 
 
 def _check_suits_data(job: JobConfig, ds: Dataset) -> None:

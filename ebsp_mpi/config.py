@@ -161,6 +161,8 @@ class CheckpointConfig:
 class OsdpConfig:
     plan: str = _opt("", "OSDP plan file (JSON) written by python -m ebsp_mpi plan: per layer resident, on-demand or "
                          "split; empty: every layer resident")
+    memory_limit: str = _opt("", "memory one worker may hold, e.g. 512MiB or 2GB: a run whose plan (or all-resident "
+                                 "model) needs more stops before training; empty: no limit")
 
 
 @dataclass

@@ -139,3 +139,26 @@ def test_job_naming_a_bad_plan(capsys, tmp_path):
     line = one_line_error(capsys, ["train", *JOB, "--set", f"osdp.plan={tmp_path / 'none.json'}",
                                    "--set", "stop.iterations=1", "-q", "--out", str(tmp_path / "run")])
     assert "osdp.plan" in line and "not found" in line
+
+
+def test_memory_limit_stops_a_run_that_needs_more(capsys, tmp_path, profile_file):
+    job = job_of()
+    weights = build.model(job, build.dataset(job)).space.nbytes
+    run = ["train", *JOB, "--set", "stop.iterations=1", "-q"]
+    line = one_line_error(capsys, [*run, "--set", f"osdp.memory_limit={2 * weights - 1}",
+                                   "--out", str(tmp_path / "r1")])
+    assert "every layer resident needs at least" in line and "python -m ebsp_mpi plan" in line
+    assert not (tmp_path / "r1").exists()
+    # a plan under the limit passes the check; the same plan under a smaller limit does not
+    plan = tmp_path / "plan.json"
+    limit = 2 * weights - 1 + 10**6
+    assert main(["plan", *JOB, "--profile", str(profile_file), "--batch-sizes", "8", "--memory-limit", str(limit),
+                 "--out", str(plan)]) == 0
+    peak = read_plan(plan)["predicted"]["peak_bytes"]
+    ok = job_of("--set", f"osdp.plan={plan}", "--set", f"osdp.memory_limit={peak}")
+    build.model(ok, build.dataset(ok))
+    line = one_line_error(capsys, [*run, "--set", f"osdp.plan={plan}", "--set", f"osdp.memory_limit={peak - 1}",
+                                   "--out", str(tmp_path / "r2")])
+    assert "predicts a peak of" in line
+    assert "osdp.memory_limit" in one_line_error(capsys, [*run, "--set", "osdp.memory_limit=lots",
+                                                          "--out", str(tmp_path / "r3")])
