@@ -1,4 +1,4 @@
-"""Command line: ``python -m ebsp_mpi {train,config,sweep,bench,profile,plan,report,compare,timeline} ...``.
+"""Command line: ``python -m ebsp_mpi {train,config,sweep,bench,simulate,profile,plan,report,compare,timeline} ...``.
 
 - ``train``: train a job (under mpiexec: rank 0 serves, the rest are workers);
 - ``config``: print the resolved job as TOML;

@@ -131,6 +131,6 @@ def test_help_lists_every_subcommand():
     assert p.returncode == 0
     # a subcommand's line is indented by four spaces; wrapped help text by more
     listed = [m.group(1) for line in p.stdout.splitlines() if (m := re.match(r" {4}(\w+)", line))]
-    commands = ["train", "config", "sweep", "bench", "report", "compare", "timeline"]
+    commands = ["train", "config", "sweep", "bench", "simulate", "profile", "plan", "report", "compare", "timeline"]
     assert listed == commands
     assert "{" + ",".join(commands) + "}" in cli.__doc__.splitlines()[0]
