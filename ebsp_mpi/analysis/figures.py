@@ -31,6 +31,13 @@ PHASES = (("compute", "#0072B2"), ("injected straggler delay", "#9ecae1"), ("pus
 
 DPI = 110
 
+#: Above this many workers the per-worker figures aggregate: the timeline shows a sample of the workers
+#: (spread over their speeds), waiting and iteration rates become lines and quantile bands over the
+#: workers instead of one box or bar each (a simulated run may have thousands).
+MANY_WORKERS = 32
+#: Workers a timeline panel shows of a run with more than MANY_WORKERS.
+TIMELINE_ROWS = 24
+
 
 def labels_of(runs: Sequence[Run]) -> list[str]:
     return list(dict.fromkeys(r.label for r in runs))
@@ -216,11 +223,24 @@ def _wait_share(it, start: float, stop: float) -> np.ndarray:
     return waited / (stop - start)
 
 
+def shown_workers(run: Run) -> list[int]:
+    """The workers a timeline panel shows: all of them, or for more than :data:`MANY_WORKERS`,
+    :data:`TIMELINE_ROWS` spread evenly over their speeds (median iteration time), fastest to slowest."""
+    workers = run.frames.workers
+    if workers <= MANY_WORKERS:
+        return list(range(workers))
+    it = run.frames.table("iterations")
+    by_speed = (it["compute_s"] + it["delay_s"]).groupby(it["worker"]).median().sort_values().index.tolist()
+    picks = np.unique(np.linspace(0, len(by_speed) - 1, TIMELINE_ROWS).round().astype(int))
+    return [int(by_speed[i]) for i in picks]
+
+
 def timeline(runs: Sequence[Run], path: Path, window: tuple[float, float] | None = None) -> str:
     panels = representatives(runs)
     start, length = window or default_window(runs)
     stop = start + length
-    height = 1.6 + sum(0.55 + 0.32 * max(p.frames.workers, 1) for p in panels)
+    rows = {id(p): shown_workers(p) for p in panels}
+    height = 1.6 + sum(0.55 + 0.32 * max(len(rows[id(p)]), 1) for p in panels)
     fig = Figure(figsize=(12, height), layout="constrained")
     axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
     claims = []
@@ -229,11 +249,12 @@ def timeline(runs: Sequence[Run], path: Path, window: tuple[float, float] | None
         slow = slowest_worker(run.frames)
         workers = run.frames.workers
         win = it[(it["t_end"] > start) & (it["t_start"] < stop)]
+        shown = rows[id(run)]
         for (_, colour), (worker, begin, end) in zip(PHASES, _phase_spans(win, start, stop), strict=True):
-            for w in range(workers):
+            for y, w in enumerate(shown):
                 mine = worker == w
                 if mine.any():
-                    ax.broken_barh(list(zip(begin[mine], end[mine] - begin[mine], strict=True)), (w - 0.38, 0.76),
+                    ax.broken_barh(list(zip(begin[mine], end[mine] - begin[mine], strict=True)), (y - 0.38, 0.76),
                                    facecolors=colour, edgecolor="none")
         for t in barrier_times(run.frames):
             if start <= t <= stop:
@@ -243,10 +264,12 @@ def timeline(runs: Sequence[Run], path: Path, window: tuple[float, float] | None
         fast_share = float(np.mean(share[fast])) if fast else math.nan
         slow_share = float(share[slow]) if slow is not None and slow < len(share) else math.nan
         claims.append((run.label, fast_share))
+        sampled = f" ({len(shown)} of {workers} workers shown, by speed)" if len(shown) < workers else ""
         ax.set_title(f"{run.label}: the other workers wait {fast_share:.0%} of this window, "
-                     f"worker {slow} (slowest) {slow_share:.0%}", fontsize=11, loc="left")
-        _worker_ticks(ax, workers, slow, axis="y")
-        ax.set_ylim(-0.6, workers - 0.4)
+                     f"worker {slow} (slowest) {slow_share:.0%}{sampled}", fontsize=11, loc="left")
+        ax.set_yticks(range(len(shown)), [f"worker {w} (rank {w + 1})" + (" slowest" if w == slow else "")
+                                          for w in shown])
+        ax.set_ylim(-0.6, len(shown) - 0.4)
         ax.invert_yaxis()
         ax.grid(axis="x", alpha=0.3)
     axes[-1].set_xlim(start, stop)
@@ -280,6 +303,8 @@ def _per_worker_axes(runs: Sequence[Run], fill: float):
 
 
 def wait_distribution(runs: Sequence[Run], path: Path) -> str:
+    if max(r.frames.workers for r in runs) > MANY_WORKERS:
+        return _wait_bands(runs, path)
     by_label, colour, workers, slow, pos, width, fig, ax = _per_worker_axes(runs, 0.85)
     fast_median = {}
     for j, (label, group) in enumerate(by_label.items()):
@@ -314,6 +339,34 @@ def wait_distribution(runs: Sequence[Run], path: Path) -> str:
     return _save(fig, path, title)
 
 
+def _wait_bands(runs: Sequence[Run], path: Path) -> str:
+    """Many workers: per sync model, each worker's median wait per iteration as a line over the workers
+    and its 5th–95th percentile as a band."""
+    by_label, colour = _by_label(runs), colours(runs)
+    fig = Figure(figsize=(11, 6), layout="constrained")
+    ax = fig.add_subplot()
+    medians = {}
+    for label, group in by_label.items():
+        it = _concat([r.frames.table("iterations") for r in group])
+        if not len(it):
+            continue
+        waits = (1000 * it["wait_s"].clip(lower=1e-6)).groupby(it["worker"])
+        q = waits.quantile([0.05, 0.5, 0.95]).unstack()
+        ax.fill_between(q.index, q[0.05], q[0.95], color=colour[label], alpha=0.18, lw=0)
+        ax.plot(q.index, q[0.5], color=colour[label], lw=1.2, label=_legend_label(label, len(group)))
+        medians[label] = float(np.median(1000 * it["wait_s"]))
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xlabel("worker")
+    ax.set_ylabel("wait for the pull per iteration (ms, log scale)")
+    ax.grid(which="both", alpha=0.25)
+    ax.legend(title="sync model (line: median per worker,\nband: 5th–95th percentile)", fontsize=9,
+              loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    title = ("Waiting per iteration over all workers: the median wait is " + _extremes(medians, "{:.2f} ms")
+             if medians else "Waiting per iteration, per worker")
+    return _save(fig, path, title)
+
+
 def _concat(frames):
     import pandas as pd
 
@@ -325,6 +378,8 @@ def _concat(frames):
 
 
 def iteration_rate(runs: Sequence[Run], path: Path) -> str:
+    if max(r.frames.workers for r in runs) > MANY_WORKERS:
+        return _rate_lines(runs, path)
     by_label, colour, workers, slow, pos, width, fig, ax = _per_worker_axes(runs, 0.9)
     ratio = {}
     for j, (label, group) in enumerate(by_label.items()):
@@ -354,6 +409,31 @@ def iteration_rate(runs: Sequence[Run], path: Path) -> str:
                  + _extremes(known, "{:.1f}×"))
     else:
         title = "Iterations per second per worker"
+    return _save(fig, path, title)
+
+
+def _rate_lines(runs: Sequence[Run], path: Path) -> str:
+    """Many workers: per sync model, each worker's iterations per second (mean over seeds), workers
+    sorted from the fastest to the slowest, as a line."""
+    by_label, colour = _by_label(runs), colours(runs)
+    fig = Figure(figsize=(11, 6), layout="constrained")
+    ax = fig.add_subplot()
+    spread = {}
+    for label, group in by_label.items():
+        rates = [worker_stats(r.frames)["iterations_per_s"] for r in group]
+        mean = sum(rates) / len(rates)
+        ordered = np.sort(mean.dropna().to_numpy())[::-1]
+        if not len(ordered):
+            continue
+        ax.plot(np.arange(len(ordered)), ordered, color=colour[label], lw=1.4, label=_legend_label(label, len(group)))
+        if ordered[-1] > 0:
+            spread[label] = float(ordered[0] / ordered[-1])
+    ax.set_xlabel("workers, fastest to slowest")
+    ax.set_ylabel("iterations per second")
+    ax.grid(alpha=0.3)
+    ax.legend(title="sync model", fontsize=9, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    title = ("Iterations per second over all workers: the fastest runs " + _extremes(spread, "{:.1f}×")
+             + " as fast as the slowest" if spread else "Iterations per second per worker")
     return _save(fig, path, title)
 
 
