@@ -130,7 +130,10 @@ class StragglerConfig:
 
 @dataclass
 class RuntimeConfig:
-    stall_timeout_s: float = _opt(60.0, "abort when a worker has been silent this many seconds", gt=0.0)
+    stall_timeout_s: float = _opt(60.0, "abort when a rank that owes a message has been silent this many seconds",
+                                  gt=0.0)
+    servers: int = _opt(1, "server ranks: ranks 0..servers-1 hold the parameters in shards (rank 0 also schedules), "
+                           "the rest are workers", min=1)
     cuda_aware_mpi: bool = _opt(False, "send device buffers directly (needs a CUDA-aware MPI)")
     chunk_bytes: int = _opt(0, "largest message: bigger tensors go in chunks of this many bytes (>= 1024); "
                                "0: 512 KiB where every rank has a core, else 4 MiB", min=0)
@@ -439,10 +442,15 @@ def check_workers(job: JobConfig, world_size: int) -> int:
     """The number of workers for this launch (see ``sync.workers``)."""
     if world_size == 1:
         return job.sync.workers or 1
-    workers = world_size - 1
+    servers = job.runtime.servers
+    workers = world_size - servers
+    if workers < 1:
+        raise ConfigError(f"runtime.servers = {servers}: this launch has {world_size} ranks, which leaves no worker; "
+                          f"launch at least {servers + 1} ranks or lower runtime.servers")
     if job.sync.workers not in (0, workers):
         raise ConfigError(f"sync.workers = {job.sync.workers}: this launch has {workers} workers "
-                          f"(world size {world_size} minus the server); use 0 or {workers}")
+                          f"(world size {world_size} minus {servers} server{'s' if servers > 1 else ''}); "
+                          f"use 0 or {workers}")
     try:  # the factors and phases against the workers, checked by the model that applies them
         straggler_model(job.straggler, workers, job.seed)
     except ValueError as e:

@@ -44,8 +44,9 @@ class Silence:
     ----------
     timeout_s : float
         Seconds of silence allowed (``runtime.stall_timeout_s``).
-    what : str
-        Who is silent, for the message (e.g. ``"the server (rank 0)"``).
+    what : str or callable
+        Who is silent, for the message (e.g. ``"the server (rank 0)"``), or a function that says it
+        when the deadline passes (e.g. the ranks whose messages a wait still lacks).
     keepalive : MPI.Prequest, optional
         A persistent receive of the peer's keep-alive messages (``protocol.ALIVE_TAG``), started: each
         one that arrives counts as a message, and the receive is posted again.
@@ -65,7 +66,8 @@ class Silence:
             return
         silent = time.monotonic() - self.since
         if silent > self.timeout_s:
-            raise StallError(f"{self.what} sent nothing for {silent:.1f} s (runtime.stall_timeout_s = "
+            what = self.what() if callable(self.what) else self.what
+            raise StallError(f"{what} sent nothing for {silent:.1f} s (runtime.stall_timeout_s = "
                              f"{self.timeout_s}); it may have died or hung")
 
 
@@ -78,7 +80,10 @@ class Context:
     comm : MPI.Comm
         A duplicate of ``COMM_WORLD``: the library's traffic never matches a user's messages.
     rank, size : int
-        Rank and world size; rank 0 is the server, ranks 1..size-1 are workers 0..size-2.
+        Rank and world size.
+    servers : int
+        ``runtime.servers`` (k): ranks 0..k-1 are servers (rank 0 also schedules), ranks k..size-1 are
+        workers 0..size-k-1. Set from the job once it is read (1 until then).
     local_rank : int
         Rank among the processes on this node (picks the GPU).
     clock_offset : float
@@ -102,10 +107,27 @@ class Context:
     oversubscribed: bool = True
     any_oversubscribed: bool = True
     factor_comm: MPI.Comm | None = None  # a second duplicate: sufficient factors (comm.hybrid) travel on it
+    servers: int = 1
 
     @property
     def workers(self) -> int:
-        return self.size - 1
+        return self.size - self.servers
+
+    @property
+    def is_server(self) -> bool:
+        return self.rank < self.servers
+
+    def worker_rank(self, worker: int) -> int:
+        """The rank of worker index `worker`."""
+        return self.servers + worker
+
+    def worker_of(self, rank: int) -> int:
+        """The worker index of `rank` (a worker's rank)."""
+        return rank - self.servers
+
+    def role_of(self, rank: int) -> str:
+        """``"server"`` (rank 0 with one server), ``"server 1"``, or ``"worker 3"``: for messages."""
+        return role_name(rank, self.servers)
 
     def now(self) -> float:
         """Seconds since the run's start on rank 0's clock (the time axis of every trace)."""
@@ -115,13 +137,21 @@ class Context:
     def host(self) -> str:
         return socket.gethostname()
 
-    def chunk_bytes(self, configured: int) -> int:
-        """The largest message of this job's pushes and replies (``runtime.chunk_bytes``; 0: automatic)."""
-        return chunk_bytes_for(configured, self.any_oversubscribed)
+    def chunk_bytes(self, configured: int, total_bytes: int = 0) -> int:
+        """The largest message of this job's pushes and replies (``runtime.chunk_bytes``; 0: automatic,
+        from the model's `total_bytes` too where there are several servers)."""
+        return chunk_bytes_for(configured, self.any_oversubscribed, total_bytes, self.servers)
 
     def backoff(self) -> Backoff:
         """How this rank waits for messages: sleeping only where the node has no core to spare."""
         return Backoff(spin=not self.oversubscribed)
+
+
+def role_name(rank: int, servers: int) -> str:
+    """What `rank` is in a job of `servers` servers, for messages: ``server``, ``server 1``, ``worker 0``."""
+    if rank < servers:
+        return "server" if servers == 1 else f"server {rank}"
+    return f"worker {rank - servers}"
 
 
 def restart_clock(ctx: Context) -> None:
@@ -188,6 +218,7 @@ class PeerFailure(JobFailure):
 
 #: called (on rank 0) when the launcher signals that a process failed; see :func:`watch_peers`
 _peers: list[tuple[str, int]] = []
+_servers = [1]  # runtime.servers of the job, to name a dead rank's role
 
 
 def _survive_peer_failure_notices() -> None:
@@ -210,7 +241,7 @@ def _survive_peer_failure_notices() -> None:
                 break
             time.sleep(0.01)
         if dead:
-            raise PeerFailure("; ".join(f"rank {r} ({'server' if r == 0 else f'worker {r - 1}'}, pid "
+            raise PeerFailure("; ".join(f"rank {r} ({role_name(r, _servers[0])}, pid "
                                         f"{_peers[r][1]} on {_peers[r][0]}) died" for r in dead))
         log.warning("the MPI launcher signalled a failed process (SIGUSR1); the server's watchdog names a "
                     "silent worker after runtime.stall_timeout_s")
@@ -218,9 +249,11 @@ def _survive_peer_failure_notices() -> None:
     signal.signal(signal.SIGUSR1, notice)
 
 
-def watch_peers(procs: list[tuple[str, int]]) -> None:
-    """Rank 0: remember every rank's (host, pid) to name a dead one when the launcher signals it."""
+def watch_peers(procs: list[tuple[str, int]], servers: int = 1) -> None:
+    """Remember the (host, pid) of the ranks this one watches (rank 0 every rank, the others the
+    servers), by rank, to name a dead one when the launcher signals it."""
     _peers[:] = procs
+    _servers[0] = servers
 
 
 def _process_gone(pid: int) -> bool:
@@ -313,17 +346,20 @@ class Backoff:
         self.delay = min(self.max_s, self.delay * 2)
 
 
-def wait_all(requests, backoff: Backoff, silence: Silence | None = None) -> None:
+def wait_all(requests, backoff: Backoff, silence: Silence | None = None, on_done=None) -> None:
     """Complete `requests` (a list) by polling with back-off instead of spinning in ``Waitall``.
 
     Each request that completes resets the back-off: the next part of a multi-message push or reply
     is then seen at once, not after the longest sleep. With `silence`, each one also counts as word
     from the peer, and a wait that hears nothing for its timeout raises :class:`StallError`.
+    ``on_done(indices)`` is told which requests completed (to name the peers still silent).
     """
     backoff.reset()
     while (done := MPI.Request.Testsome(requests)) is not None:  # None: no request left active
         if done:
             backoff.reset()
+            if on_done is not None:
+                on_done(done)
             if silence is not None:
                 silence.heard()
         else:
@@ -335,7 +371,7 @@ def wait_all(requests, backoff: Backoff, silence: Silence | None = None) -> None
 def abort(ctx: Context | None, exc: BaseException) -> None:
     """Print which rank failed and why, then take the whole job down (never leave ranks hanging)."""
     rank = ctx.rank if ctx is not None else MPI.COMM_WORLD.Get_rank()
-    role = "server" if rank == 0 else f"worker {rank - 1}"
+    role = ctx.role_of(rank) if ctx is not None else role_name(rank, 1)
     if isinstance(exc, (UsageError, OutputError, KeyboardInterrupt, JobFailure)):
         text = f"ebsp_mpi: rank {rank} ({role}) stopped: {type(exc).__name__}: {exc}\n"
     else:

@@ -38,14 +38,15 @@ def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True, resume:
     """Run this rank's part of the job; returns the process exit code. With `resume`, `out` is the run
     directory of a run to continue from its checkpoint."""
     ctx = mpi.setup()
+    ctx.servers = job.runtime.servers
     if ctx.rank != 0:
         logging.getLogger().setLevel(logging.WARNING)
     # a launcher that kills the job when one rank dies may name only its PID: this maps PIDs to ranks;
-    # the server watches every rank, a worker the server (see comm.watch_peers)
+    # rank 0 watches every rank, the others the servers (see comm.watch_peers)
     procs = ctx.comm.allgather((ctx.host, os.getpid()))
-    mpi.watch_peers(procs if ctx.rank == 0 else procs[:1])
+    mpi.watch_peers(procs if ctx.rank == 0 else procs[:ctx.servers], ctx.servers)
     if ctx.rank == 0:
-        log.info("ranks: %s", ", ".join(f"{r} ({'server' if r == 0 else f'worker {r - 1}'}) pid {pid} on {host}"
+        log.info("ranks: %s", ", ".join(f"{r} ({ctx.role_of(r)}) pid {pid} on {host}"
                                         for r, (host, pid) in enumerate(procs)))
     role, error, resumed_at, run_dir = None, None, 0.0, None
     try:
@@ -56,10 +57,15 @@ def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True, resume:
             from .server import Server
 
             role = Server(ctx, job, run_dir, show_progress=show_progress, resume=ckpt)
+        elif ctx.is_server:
+            from .shard_server import ShardServer
+
+            role = ShardServer(ctx, job, run_dir, resume=ckpt)
         else:
             from .worker import Worker
 
-            role = Worker(ctx, job, run_dir, start_iteration=0 if ckpt is None else int(ckpt.iterations[ctx.rank - 1]))
+            start = 0 if ckpt is None else int(ckpt.iterations[ctx.worker_of(ctx.rank)])
+            role = Worker(ctx, job, run_dir, start_iteration=start)
     except Exception as e:  # noqa: BLE001 - every rank reports its set-up outcome, whatever it was
         error = (2, f"{e}") if isinstance(e, (UsageError, FileExistsError)) else \
             (1, f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
@@ -74,7 +80,7 @@ def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True, resume:
             remove_if_unused(run_dir)  # leave no empty run behind
         if ctx.rank == 0:
             rank, (_, text) = next((r, e) for r, e in enumerate(errors) if e is not None)
-            where = "server" if rank == 0 else f"worker {rank - 1}"
+            where = ctx.role_of(rank)
             print(f"ebsp_mpi: error on rank {rank} ({where}): {text}", file=sys.stderr)
         return int(codes.max())
 
@@ -83,7 +89,7 @@ def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True, resume:
         ctx.t0 -= resumed_at  # a resumed run's clock goes on from its checkpoint
         summary = role.run()  # a worker's ends by sending its statistics to the server
         # the ranks part together; a rank that stops answering now is named instead of waited for
-        others = "a worker" if ctx.rank == 0 else "the server (rank 0)"
+        others = "a worker or server" if ctx.rank == 0 else "the server (rank 0)"
         mpi.wait_collective(ctx, ctx.comm.Ibarrier(), mpi.Silence(job.runtime.stall_timeout_s, others))
     except BaseException as e:  # noqa: BLE001 - any failure must take the whole job down
         mpi.abort(ctx, e)

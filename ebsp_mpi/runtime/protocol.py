@@ -1,17 +1,25 @@
-"""The wire protocol between the parameter server (rank 0) and the workers (ranks 1..N-1).
+"""The wire protocol between the parameter servers (ranks 0..k-1) and the workers (ranks k..N-1).
 
 One place names every tag and lays out every message; both sides build their buffers from here.
 Nothing in this module calls MPI, so the layout is tested without it.
 
 A worker's iteration, as messages (DESIGN.md, "Parameters on the wire"):
 
-- **push** (worker -> server): the gradient, one message per chunk of the ``ParamSpace`` gradient
-  buffer (tag ``CHUNK_TAG0 + k``), then a header (``PUSH_TAG``) of :data:`PUSH_FIELDS`. The header
-  completes the push; the server acts on a push only when every chunk and the header have arrived.
-- **pull reply** (server -> worker): a header (``PULL_TAG``) of :data:`PULL_FIELDS`, then the weights,
-  chunked like the gradient. A worker's next push implies its next pull request, so there is no
-  separate request message.
-- **keep-alive** (server -> worker, ``ALIVE_TAG``): while the sync model holds a worker's pull, the
+- **push** (worker -> servers): the gradient, one message per chunk of the ``ParamSpace`` gradient
+  buffer (tag ``CHUNK_TAG0 + k``) to the server that owns the chunk, then a header (``PUSH_TAG``) of
+  :data:`PUSH_FIELDS` to every server. The header completes the push; a server acts on a push only
+  when its chunks and the header have arrived. The header says whether the whole gradient was finite,
+  so that every server rejects the same pushes (all or nothing).
+- **pull reply** (servers -> worker): a header (``PULL_TAG``) of :data:`PULL_FIELDS` from rank 0, and
+  the weights, chunked like the gradient, each chunk from its owner. A worker's next push implies its
+  next pull request, so there is no separate request message.
+- **orders** (rank 0 -> servers 1..k-1, ``ORDER_TAG``): with ``runtime.servers = k > 1`` rank 0 alone
+  runs the sync policy, and tells the other servers, in one ordered stream, what to do with their
+  shards: apply a push, apply a round, answer a pull, send a snapshot (:data:`ORDERS`). Each server
+  carries the orders out in their order, so every shard applies the same pushes in the same order
+  as rank 0's, and a pulled or evaluated model is exactly the one rank 0 decided on. A snapshot goes
+  back to rank 0 on ``SNAP_TAG``; servers and rank 0 exchange keep-alives (``ALIVE_TAG``) while idle.
+- **keep-alive** (rank 0 -> worker, ``ALIVE_TAG``): while the sync model holds a worker's pull, the
   server tells it every quarter of ``runtime.stall_timeout_s`` that it still lives, so that a worker's
   own watchdog (no word from the server within the stall timeout) tells a long hold from a dead or
   stopped server. A worker keeps one receive of it posted from start-up to its stop reply.
@@ -37,13 +45,16 @@ PULL_TAG = 2
 CLOCK_TAG = 3  # the clock-offset ping-pong at start-up (runtime.comm)
 STATS_TAG = 4
 ALIVE_TAG = 5  # the server to a worker whose pull it holds: it still lives (no payload to read)
+ORDER_TAG = 6  # rank 0 to the other servers: the orders of the sync policy (runtime.servers > 1)
+SNAP_TAG = 7  # a server to rank 0: its shard of the parameters (and optimizer state), as ordered
 CHUNK_TAG0 = 100
 
 #: push header: iteration (0-based index of this worker's iteration), the model version the gradient was
 #: computed from, the minibatch loss, the injected straggler delay (s), epochs of its shard done, the
 #: seconds of forward + backward, and the seconds the worker waited for the weights it used (the server
-#: sums these three per worker, so that a checkpoint knows them)
-PUSH_FIELDS = ("iteration", "version", "loss", "injected_delay_s", "epoch", "compute_s", "wait_s")
+#: sums these three per worker, so that a checkpoint knows them), and 1 when every value the push
+#: carries (gradient chunks, sufficient factors) is finite (each server checks its own part against it)
+PUSH_FIELDS = ("iteration", "version", "loss", "injected_delay_s", "epoch", "compute_s", "wait_s", "finite")
 #: pull reply header: the model version of the weights that follow, 1 when the worker must stop, 1 when
 #: the worker should flush its trace (the server has written a checkpoint: what a resumed run keeps of
 #: the traces is what was flushed before it)
@@ -74,6 +85,18 @@ def pack(head: np.ndarray, fields: tuple[str, ...], **values: float) -> None:
     head[:] = [values[name] for name in fields]
 
 
+#: an order is a row of three float64: (op, a, b); the ops and what a and b mean
+ORDERS = {
+    "apply": 1,  # apply worker a's push as one optimizer step at version b (the version before it)
+    "round": 2,  # BSP: the mean of the a workers named by the next a "member" rows, one step at version b
+    "member": 3,  # a: a worker of the round just ordered
+    "reply": 4,  # answer worker a's pull with this shard's weights; b = 1: it is the stop reply
+    "snapshot": 5,  # send this shard's parameters (b = 1: and the optimizer state) to rank 0
+    "end": 6,  # every worker has stopped: report and close
+}
+ORDER_WIDTH = 3
+
+
 @dataclass(frozen=True)
 class Chunk:
     """A contiguous piece of the flat parameter (or gradient) buffer: elements [start, stop)."""
@@ -93,12 +116,19 @@ class Chunk:
 AUTO_CHUNK_BYTES = {"own core": 512 << 10, "shared cores": 4 << 20}
 
 
-def chunk_bytes_for(configured: int, oversubscribed: bool) -> int:
+def chunk_bytes_for(configured: int, oversubscribed: bool, total_bytes: int = 0, servers: int = 1) -> int:
     """The message size a run uses: ``runtime.chunk_bytes``, or when it is 0 the automatic choice for
-    a job where some node is `oversubscribed` (the same on every rank, so both ends agree)."""
+    a job where some node is `oversubscribed` (the same on every rank, so both ends agree).
+
+    With several servers the automatic size is also at most an eighth of a server's share of the
+    model's `total_bytes`, so that the shards, made of whole chunks, can be balanced to within about
+    an eighth even for a model of one big tensor."""
     if configured:
         return configured
-    return AUTO_CHUNK_BYTES["shared cores" if oversubscribed else "own core"]
+    auto = AUTO_CHUNK_BYTES["shared cores" if oversubscribed else "own core"]
+    if servers > 1 and total_bytes:
+        auto = min(auto, max(4096, total_bytes // (8 * servers) // 4 * 4))
+    return auto
 
 
 def plan_chunks(tensor_bounds: list[tuple[int, int]], itemsize: int, chunk_bytes: int,
@@ -125,6 +155,92 @@ def plan_chunks(tensor_bounds: list[tuple[int, int]], itemsize: int, chunk_bytes
         raise ValueError(f"{len(chunks)} messages per push exceed the MPI tag limit {tag_ub}; "
                          f"raise runtime.chunk_bytes (now {chunk_bytes})")
     return chunks
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A server's part of the parameters: chunks [first, stop) of the flat buffer, elements [lo, hi)."""
+
+    server: int
+    first: int
+    stop: int
+    lo: int
+    hi: int
+
+    @property
+    def size(self) -> int:
+        return self.hi - self.lo
+
+
+def plan_shards(chunks: list[Chunk], servers: int, together: list[list[int]] = ()) -> list[Shard]:
+    """Deal the chunks to `servers` servers in contiguous shards of whole chunks whose largest holds as
+    few bytes as possible (so no server carries much more traffic than the others).
+
+    Parameters
+    ----------
+    chunks : list of Chunk
+        The messages of a push, in buffer order (:func:`plan_chunks`).
+    servers : int
+        Number of server ranks.
+    together : list of list of int
+        Runs of consecutive chunk indices that must go to one server (an SFB layer's weight tensor:
+        its factors rebuild the whole tensor on one rank).
+
+    The exact min-max cut: a binary search on the largest shard, each candidate tested by filling
+    shards greedily, which is optimal for a fixed bound on contiguous pieces.
+    """
+    if servers < 1:
+        raise ValueError(f"servers must be >= 1, got {servers}")
+    units = _units(len(chunks), together)
+    if len(units) < servers:
+        raise ValueError(f"{len(units)} messages per push cannot be dealt to {servers} servers; lower "
+                         f"runtime.servers or runtime.chunk_bytes")
+    sizes = [sum(chunks[k].size for k in unit) for unit in units]
+
+    def cuts(bound: int) -> list[int] | None:
+        """Start unit of each shard when every shard holds at most `bound` elements (None: impossible)."""
+        starts, held = [0], 0
+        for u, size in enumerate(sizes):
+            must_cut = len(units) - u == servers - len(starts)  # as many units left as servers without one
+            if (held + size > bound or must_cut) and u > starts[-1]:
+                starts.append(u)
+                held = 0
+            held += size
+            if held > bound or len(starts) > servers:
+                return None
+        return starts if len(starts) == servers else None
+
+    lo, hi = max(sizes), sum(sizes)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if cuts(mid) is not None else (mid + 1, hi)
+    starts = cuts(lo)
+    shards = []
+    for s, u0 in enumerate(starts):
+        u1 = starts[s + 1] if s + 1 < len(starts) else len(units)
+        first, stop = units[u0][0], units[u1 - 1][-1] + 1
+        shards.append(Shard(s, first, stop, chunks[first].start, chunks[stop - 1].stop))
+    return shards
+
+
+def _units(n_chunks: int, together) -> list[list[int]]:
+    """The chunk indices grouped into what must not be split between servers."""
+    group_of = {}
+    for g, run in enumerate(together):
+        for k in run:
+            group_of[k] = g
+    units: list[list[int]] = []
+    for k in range(n_chunks):
+        if k in group_of and units and group_of.get(units[-1][-1]) == group_of[k]:
+            units[-1].append(k)
+        else:
+            units.append([k])
+    return units
+
+
+def owner_of_chunks(shards: list[Shard]) -> list[int]:
+    """The server of each chunk, by chunk index."""
+    return [s.server for s in shards for _ in range(s.first, s.stop)]
 
 
 class ProtocolError(RuntimeError):

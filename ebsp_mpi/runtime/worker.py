@@ -1,4 +1,5 @@
-"""Ranks 1..N-1: a worker pulls weights, computes a gradient on its shard, pushes it, and repeats.
+"""Ranks k..N-1 (k = ``runtime.servers``): a worker pulls weights, computes a gradient on its shard of
+the data, pushes it, and repeats.
 
 Messages go through persistent requests on preallocated buffers (the ``ParamSpace`` buffers on the
 CPU; host staging buffers on a GPU unless ``runtime.cuda_aware_mpi``): the pull receives are posted
@@ -8,13 +9,16 @@ while its request is active.
 With ``runtime.wait_free_backprop`` (Poseidon's WFBP) each gradient chunk goes out the moment the
 backward pass has written it, while the earlier layers still compute; a dense layer computes its
 weight gradient in row blocks for this, the last one chunk or less (``nn.layers.row_blocks``). The
-header, sent last, completes the push (after any injected straggler delay).
+header, sent last to every server, completes the push (after any injected straggler delay). Each
+chunk goes to the server that owns it, and each chunk of a reply comes from its owner; the reply's
+header comes from rank 0 (``runtime.layout``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 
 import numpy as np
 from mpi4py import MPI
@@ -22,23 +26,24 @@ from mpi4py import MPI
 from .. import build
 from ..backend import resolve_backend
 from ..config import JobConfig
-from ..straggler import straggler_model
 from ..nn.factors import FactorSpace, rebuild_gradient
+from ..nn.kernels import all_finite
+from ..straggler import straggler_model
 from .comm import Context, Silence, open_rank_trace, wait_all
 from .faults import fault_for
-from .hybrid import PS, SFB, ByteCounter, Stacked, sfb_layers, tensor_of_chunks
-from .protocol import (ALIVE_TAG, PULL, PULL_FIELDS, PULL_TAG, PUSH_FIELDS, PUSH_TAG, STATS_TAG, header, pack,
-                       plan_chunks)
+from .hybrid import PS, SFB, ByteCounter, Stacked
+from .layout import make_layout
+from .protocol import ALIVE_TAG, PULL, PULL_FIELDS, PULL_TAG, PUSH_FIELDS, PUSH_TAG, STATS_TAG, header, pack
 
 log = logging.getLogger(__name__)
 
 
 class Worker:
-    """Worker ``ctx.rank - 1`` of a run; :meth:`run` returns its statistics for the summary."""
+    """Worker ``ctx.worker_of(ctx.rank)`` of a run; :meth:`run` returns its statistics for the summary."""
 
     def __init__(self, ctx: Context, job: JobConfig, run_dir, start_iteration: int = 0):
         self.ctx, self.job, self.run_dir = ctx, job, run_dir
-        self.index = ctx.rank - 1
+        self.index = ctx.worker_of(ctx.rank)
         self.start_iteration = start_iteration  # > 0: a resumed run, from the checkpoint's count
         self.backend = resolve_backend(job.backend, local_rank=ctx.local_rank)
         self.ds = build.dataset(job)
@@ -52,25 +57,30 @@ class Worker:
         self.params_buf = space.data if direct else np.empty(space.size, dtype=np.float32)
         self.grad_buf = space.grad if direct else np.empty(space.size, dtype=np.float32)
         self.staged = not direct
-        chunk_bytes = ctx.chunk_bytes(job.runtime.chunk_bytes)
-        chunks = plan_chunks([(t.offset, t.size) for t in space.tensors], self.grad_buf.itemsize,
-                             chunk_bytes, ctx.comm.Get_attr(MPI.TAG_UB))
-        self.chunk_elems = chunk_bytes // self.grad_buf.itemsize
+        self.layout = layout = make_layout(ctx, job, self.model)
+        chunks, owner = layout.chunks, layout.owner
+        self.chunk_elems = layout.chunk_bytes // self.grad_buf.itemsize
         comm = ctx.comm
-        self._plan_hybrid(job, chunks)
+        self._plan_hybrid(job)
         self.push_header = header(PUSH_FIELDS)
         self.pull_header = np.zeros(len(PULL_FIELDS) + (ctx.workers if self.sfb_bsp else 0))
         self.chunks = chunks
-        self.pushes = [comm.Send_init([self.grad_buf[c.start:c.stop], MPI.FLOAT], 0, c.tag) for c in chunks]
-        self.pushes.append(comm.Send_init([self.push_header, MPI.DOUBLE], 0, PUSH_TAG))
+        self.pushes = [comm.Send_init([self.grad_buf[c.start:c.stop], MPI.FLOAT], owner[k], c.tag)
+                       for k, c in enumerate(chunks)]
+        # the header last, to every server: it completes the push on each
+        self.pushes += [comm.Send_init([self.push_header, MPI.DOUBLE], s, PUSH_TAG) for s in range(ctx.servers)]
+        self.header_sends = self.pushes[len(chunks):]
         self.started = np.zeros(len(chunks), dtype=bool)  # chunks of the current push already sent
         self.started[self.sfb_chunk] = True  # an SFB layer's weight gradient goes as factors, never as chunks
         self.chunks_of = _chunks_of_tensors(space, chunks)  # tensor name -> indices of its chunks
         self.pulls = [comm.Recv_init([self.pull_header, MPI.DOUBLE], 0, PULL_TAG)]
-        self.pulls += [comm.Recv_init([self.params_buf[c.start:c.stop], MPI.FLOAT], 0, c.tag) for c in chunks]
+        self.pulls += [comm.Recv_init([self.params_buf[c.start:c.stop], MPI.FLOAT], owner[k], c.tag)
+                       for k, c in enumerate(chunks)]
+        self.pull_source = [0] + list(owner)  # the rank each pull request hears from
         # after the first pull, BSP's replies leave out the SFB layers, which every worker steps itself
         self.pulled_chunks = [k for k in range(len(chunks)) if not (self.sfb_bsp and self.sfb_chunk[k])]
         self.later_pulls = [self.pulls[0]] + [self.pulls[1 + k] for k in self.pulled_chunks]
+        self.later_sources = [0] + [owner[k] for k in self.pulled_chunks]
         # everything a push sends: completed before the gradient and the factors are written again
         self.outgoing = self.pushes + [r for rs in self.factor_sends.values() for r in rs]
         # the server's keep-alive while it holds our pull (its content is never read)
@@ -82,13 +92,12 @@ class Worker:
             self.trace.truncate("iterations", "iteration", start_iteration - 1)
         self.fault = fault_for(ctx.rank, ctx.size)  # EBSP_INJECT_FAULT, to test the failure paths
 
-    def _plan_hybrid(self, job: JobConfig, chunks) -> None:
+    def _plan_hybrid(self, job: JobConfig) -> None:
         """comm.hybrid: which layers go as sufficient factors, and their messages (runtime.hybrid)."""
-        ctx, space = self.ctx, self.model.space
-        names, _ = build.hybrid_plan(job, self.model, ctx.workers)
-        self.sfb = sfb_layers(space, names)
-        self.sfb_bsp = bool(self.sfb) and job.sync.model == "bsp"
-        self.chunk_tensor = tensor_of_chunks(space, chunks)
+        ctx, space, layout = self.ctx, self.model.space, self.layout
+        self.sfb, self.sfb_bsp = layout.sfb, layout.sfb_bsp
+        names = {a.name for a in self.sfb}
+        self.chunk_tensor = layout.chunk_tensor
         self.sfb_chunk = np.array([t in names for t in self.chunk_tensor], dtype=bool)
         self.bytes = ByteCounter()
         self.factor_sends: dict[str, list] = {}
@@ -99,14 +108,15 @@ class Worker:
         self.factor_space = FactorSpace([(a.name, a.d_in, a.d_out) for a in self.sfb], K, xp=self.backend.xp)
         self.stacked = Stacked(self.sfb, n, K)
         others = [w for w in range(n) if w != me]
-        # BSP: to every other worker and the server; the other models: to the server alone
-        destinations = [0] + [w + 1 for w in others] if self.sfb_bsp else [0]
         for a in self.sfb:
+            # BSP: to every other worker and the layer's server; the other models: to that server alone
+            destinations = [layout.server_of_layer(a)] + ([ctx.worker_rank(w) for w in others] if self.sfb_bsp else [])
             V, U = self.stacked.V[a.name][self.stacked.rows(me)], self.stacked.U[a.name][self.stacked.rows(me)]
             self.factor_sends[a.name] = [ctx.factor_comm.Send_init([buf, MPI.FLOAT], dest, 2 * a.index + k)
                                          for dest in destinations for k, buf in ((0, V), (1, U))]
         if self.sfb_bsp:
-            self.factor_recvs = [r for r, _, _ in self.stacked.receives(ctx.factor_comm, lambda q: q + 1, others)]
+            self.factor_recvs = [r for r, _, _ in self.stacked.receives(ctx.factor_comm, ctx.worker_rank, others)]
+            self.factor_sources = [ctx.worker_rank(w) for w in others for _ in range(2 * len(self.sfb))]
             self.opt = build.optimizer(job, space.size)  # steps the SFB layers, on the host copy
             self.lr_at = build.schedule(job)
             self.sfb_grad = {a.name: np.empty((a.d_in, a.d_out), dtype=np.float32) for a in self.sfb}
@@ -125,10 +135,12 @@ class Worker:
         self.keepalive.Start()
         server = Silence(self.job.runtime.stall_timeout_s, "the server (rank 0)", self.keepalive)
         MPI.Prequest.Startall(self.pulls)  # the initial weights, every tensor
-        pulls, version = self.pulls, None
+        pulls, sources, version = self.pulls, self.pull_source, None
         t_push = ctx.now()
         while True:
-            wait_all(pulls, backoff, server)
+            arrived: set[int] = set()
+            server.what = partial(self._silent, sources, arrived)
+            wait_all(pulls, backoff, server, arrived.update)
             self._count_pull(pulls is self.pulls)
             t_start = ctx.now()
             wait_total += t_start - t_push
@@ -150,6 +162,7 @@ class Worker:
             # buffer is written again (and the factors' sends before the factors are)
             wait_all(self.outgoing, backoff, server)
             self.started[:] = self.sfb_chunk
+            self.finite = True  # every value of this push so far (its header says so)
             c0 = time.perf_counter()
             loss = self.compute_gradient()
             compute_s = time.perf_counter() - c0
@@ -165,14 +178,15 @@ class Worker:
                 if not self.factors_sent[a.name]:
                     self._send_factors(a.name)
             pack(self.push_header, PUSH_FIELDS, iteration=iteration, version=version, loss=loss,
-                 injected_delay_s=delay, epoch=self.stream.epochs_done, compute_s=compute_s, wait_s=t_start - t_push)
-            pulls = self.later_pulls
+                 injected_delay_s=delay, epoch=self.stream.epochs_done, compute_s=compute_s, wait_s=t_start - t_push,
+                 finite=float(self.finite))
+            pulls, sources = self.later_pulls, self.later_sources
             MPI.Prequest.Startall(pulls)
             if self.sfb_bsp:  # the round's other factors come with the reply
-                pulls = pulls + self.factor_recvs
+                pulls, sources = pulls + self.factor_recvs, sources + self.factor_sources
                 MPI.Prequest.Startall(self.factor_recvs)
             t_push = ctx.now()
-            self.pushes[-1].Start()
+            MPI.Prequest.Startall(self.header_sends)
             # the iteration's trace row, less its end (t_end, wait_s): known when the next pull completes
             row = dict(iteration=iteration, t_start=t_start, t_compute_end=t_compute_end, t_push=t_push,
                        version=version, loss=loss, injected_delay_s=delay, epoch=self.stream.epochs_done)
@@ -214,6 +228,7 @@ class Worker:
         V, U = self.stacked.V[name][me], self.stacked.U[name][me]
         V[...] = self.backend.to_host(self.factor_space.V(name))
         U[...] = self.backend.to_host(self.factor_space.U(name))
+        self.finite = self.finite and all_finite(V.reshape(-1)) and all_finite(U.reshape(-1))
         MPI.Prequest.Startall(self.factor_sends[name])
         self.bytes.sent(name, SFB, (V.nbytes + U.nbytes) * (len(self.factor_sends[name]) // 2))
         self.factors_sent[name] = True
@@ -231,6 +246,12 @@ class Worker:
             V, U = self.stacked.of(a, members)
             rebuild_gradient(V, U, self.sfb_grad[a.name], scale=1.0 / len(members))
             self.opt.step(self.params_buf[a.params], self.sfb_grad[a.name].reshape(-1), lr, offset=a.offset)
+
+    def _silent(self, sources: list[int], arrived: set[int]) -> str:
+        """Who has sent nothing of the reply this worker waits for (the stall watchdog's message)."""
+        missing = sorted({sources[k] for k in range(len(sources)) if k not in arrived})
+        names = [f"the {self.ctx.role_of(r)} (rank {r})" for r in missing] or ["the server (rank 0)"]
+        return ", ".join(names)
 
     def _count_pull(self, whole: bool) -> None:
         """Count the bytes of the pull just received (and of the round's factors under BSP with SFB)."""
@@ -257,6 +278,8 @@ class Worker:
             c = self.chunks[k]
             if self.staged:  # the device has finished this slice (synchronized by to_host)
                 self.grad_buf[c.start:c.stop] = self.backend.to_host(self.model.space.grad[c.start:c.stop])
+            # checked now, while the chunk is in cache; the header tells every server (all or nothing)
+            self.finite = self.finite and all_finite(self.grad_buf[c.start:c.stop])
             self.pushes[k].Start()
             self.started[k] = True
             self.bytes.sent(self.chunk_tensor[k], PS, c.size * self.grad_buf.itemsize)

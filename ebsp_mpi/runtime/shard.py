@@ -1,0 +1,251 @@
+"""A server's shard of the parameters: what every server rank does with its part of the model.
+
+With ``runtime.servers = k`` the ``ParamSpace``'s chunks are dealt to the k servers in contiguous
+shards (``protocol.plan_shards``); with one server its shard is the whole model. A :class:`ShardStore`
+holds, for its elements [lo, hi): the parameters and the optimizer state, every worker's gradient
+chunks of its current push (with persistent receives for them, the push header and the factors of
+the SFB layers it owns), and the pull replies in flight. It applies a push or a BSP round and
+answers a pull when told to: by the sync policy on rank 0 (``runtime.server``), by rank 0's orders on
+the other servers (``runtime.shard_server``). It never decides anything itself.
+
+Buffers are allocated at the model's full size and indexed by the flat offsets, so every rank uses
+the chunks' own offsets; only the shard's range is ever written, so the rest of each buffer is
+never touched (its pages are never mapped).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import build
+from ..nn.average import round_mean
+from ..nn.factors import rebuild_gradient
+from ..nn.kernels import all_finite
+from .hybrid import PS, SFB, ByteCounter, Stacked
+from .protocol import CHUNK_TAG0, PULL_TAG, PUSH, PUSH_FIELDS, PUSH_TAG, ProtocolError, Shard, header
+
+
+@dataclass(eq=False)
+class PendingReply:
+    """A pull reply in flight: its requests keep the buffer sent (a snapshot, or the parameters under
+    BSP) and the header alive until they complete.
+
+    Compared by identity (``eq=False``): two replies to one worker can be in flight at once (its
+    previous reply's sends not yet seen complete), and a field-wise ``==`` would compare their arrays
+    and raise instead of answering ``r in finished``."""
+
+    worker: int
+    requests: list
+    snapshot: np.ndarray
+    header: np.ndarray | None
+
+
+class ShardStore:
+    """The parameters, optimizer state and messages of one server's shard.
+
+    Parameters
+    ----------
+    ctx : Context
+        This rank's place in the job (``ctx.worker_rank`` maps worker indices to ranks).
+    job : JobConfig
+    params : numpy.ndarray
+        The whole flat parameter buffer (initialised from the seed); this store updates its shard.
+    layout : Layout
+        The run's messages and shards (``runtime.layout``); this store is ``layout.shards[server]``.
+    server : int
+        This server's rank.
+    round_based : bool
+        The sync policy applies rounds (BSP).
+    """
+
+    def __init__(self, ctx, job, params: np.ndarray, layout, server: int, round_based: bool):
+        shard: Shard = layout.shards[server]
+        self.ctx, self.shard, self.n = ctx, shard, ctx.workers
+        self.params = params
+        self.lo, self.hi = shard.lo, shard.hi
+        self.opt = build.optimizer(job, params.size)
+        self.lr_at = build.schedule(job)
+        self.chunks = layout.chunks[shard.first:shard.stop]
+        self.chunk_tensor = layout.chunk_tensor
+        self.sfb = [a for a in layout.sfb if layout.server_of_layer(a) == server]
+        sfb_names = {a.name for a in self.sfb}
+        self.pushed_chunks = [c for c in self.chunks if self.chunk_tensor[c.tag - CHUNK_TAG0] not in sfb_names]
+        # after the first pull, no BSP reply carries an SFB layer: every worker steps it itself
+        self.reply_chunks = self.pushed_chunks if layout.sfb_bsp else self.chunks
+        self.pulled = np.zeros(self.n, dtype=bool)  # each worker has had its first (whole) reply
+        self.factors = Stacked(self.sfb, self.n, job.data.batch_size) if self.sfb else None
+        self.bytes = ByteCounter()
+        self.round_based = round_based
+        self.mean_buf = np.empty_like(params) if round_based else None  # a round's mean
+        self._make_receives(ctx, self.pushed_chunks)
+        self.replies: list[PendingReply] = []
+        self.free_snapshots: list[np.ndarray] = []
+
+    def _make_receives(self, ctx, pushed) -> None:
+        """One gradient buffer and header per worker, with persistent receives for every part of a push
+        that comes to this server: its gradient chunks, the factors of its SFB layers, the header."""
+        n = self.n
+        self.grads = [np.empty_like(self.params) for _ in range(n)]
+        self.headers = [header(PUSH_FIELDS) for _ in range(n)]
+        self.recvs: list[MPI.Prequest] = []
+        # request index -> (worker, expected count, MPI datatype, gradient chunk or factor block, tensor, scheme)
+        self.part_of: list[tuple] = []
+        for w in range(n):
+            for c in pushed:
+                piece = self.grads[w][c.start:c.stop]
+                self.recvs.append(ctx.comm.Recv_init([piece, MPI.FLOAT], ctx.worker_rank(w), c.tag))
+                self.part_of.append((w, c.size, MPI.FLOAT, piece, self.chunk_tensor[c.tag - CHUNK_TAG0], PS))
+            if self.sfb:
+                for req, name, piece in self.factors.receives(ctx.factor_comm, ctx.worker_rank, [w]):
+                    self.recvs.append(req)
+                    self.part_of.append((w, piece.size, MPI.FLOAT, piece, name, SFB))
+            self.recvs.append(ctx.comm.Recv_init([self.headers[w], MPI.DOUBLE], ctx.worker_rank(w), PUSH_TAG))
+            self.part_of.append((w, len(PUSH_FIELDS), MPI.DOUBLE, None, None, None))
+        self.parts = len(self.recvs) // n
+        self.statuses = [MPI.Status() for _ in self.recvs]
+        self.missing = np.zeros(n, dtype=np.int64)  # parts of the current push not yet arrived
+        self.bad = np.zeros(n, dtype=bool)  # a part of the current push held NaN or Inf
+
+    # -- pushes ---------------------------------------------------------------------------------
+
+    def expect_push(self, w: int) -> None:
+        """Post the receives of `w`'s next push (before `w` can send it: with its pull reply)."""
+        self.missing[w] = self.parts
+        self.bad[w] = False
+        MPI.Prequest.Startall(self.recvs[w * self.parts:(w + 1) * self.parts])
+
+    def take_parts(self, heard) -> list[int]:
+        """Take the parts of pushes that have arrived; return the workers whose push is now complete
+        here, in the order they completed. ``heard(w)`` is called for every part (the watchdog)."""
+        done = MPI.Request.Testsome(self.recvs, self.statuses)
+        complete = []
+        for k, i in enumerate(done or ()):  # statuses[k] belongs to done[k], as in MPI_Testsome
+            w, expected, datatype, piece, tensor, scheme = self.part_of[i]
+            count = self.statuses[k].Get_count(datatype)
+            if count != expected:
+                raise ProtocolError(f"push from rank {self.ctx.worker_rank(w)}: message with tag "
+                                    f"{self.statuses[k].Get_tag()} has {count} values, expected {expected}")
+            if piece is not None:
+                self.bytes.received(tensor, scheme, piece.nbytes)
+                if not all_finite(piece):  # checked now, while the chunk is in cache
+                    self.bad[w] = True
+            heard(w)
+            self.missing[w] -= 1
+            if self.missing[w] == 0:
+                complete.append(w)
+        return complete
+
+    def rejected(self, w: int, iteration: int) -> bool:
+        """Whether `w`'s complete push (its `iteration`-th) is rejected: its header says some value was
+        NaN or Inf. Every server reads the same header, so all reject the same pushes; a part found
+        bad here that the header calls finite is a protocol error, never applied."""
+        head = self.headers[w]
+        if int(head[PUSH.iteration]) != iteration:
+            raise ProtocolError(f"push from rank {self.ctx.worker_rank(w)}: iteration {int(head[PUSH.iteration])}, "
+                                f"expected {iteration}")
+        finite = bool(head[PUSH.finite])
+        if self.bad[w] and finite:
+            raise ProtocolError(f"push {iteration} from rank {self.ctx.worker_rank(w)} holds NaN or Inf on "
+                                f"server rank {self.ctx.rank}, but its header calls it finite")
+        return not finite
+
+    def apply(self, w: int, version: int) -> None:
+        """Apply `w`'s push as one optimizer step, at the learning rate of `version`."""
+        grad = self.grads[w]
+        for a in self.sfb:  # its factors, as the gradient they stand for (Project Adam's factor push)
+            rows = self.factors.rows(w)
+            rebuild_gradient(self.factors.V[a.name][rows], self.factors.U[a.name][rows],
+                             grad[a.params].reshape(a.d_in, a.d_out))
+        lo, hi = self.lo, self.hi
+        self.opt.step(self.params[lo:hi], grad[lo:hi], self.lr_at(version), offset=lo)
+
+    def apply_round(self, members: list[int], version: int, replies: list[PendingReply]) -> None:
+        """BSP: the mean of the `members`' gradients, summed in worker order, as one optimizer step at
+        the learning rate of `version`; each chunk of the new weights goes to the `replies` as soon as
+        it is updated (a worker copies chunk k while this rank updates chunk k+1). Per element the
+        arithmetic is that of one step over the whole buffer. With no members (every push of the
+        round was rejected) the weights stay as they are."""
+        lr = self.lr_at(version)
+        if members:
+            for a in self.sfb:  # rebuilt from the members' factors in worker order (one GEMM)
+                V, U = self.factors.of(a, members)
+                rebuild_gradient(V, U, self.mean_buf[a.params].reshape(a.d_in, a.d_out), scale=1.0 / len(members))
+                self.opt.step(self.params[a.params], self.mean_buf[a.params], lr, offset=a.offset)
+        for c in self.pushed_chunks:
+            if members:
+                mean = round_mean([self.grads[w][c.start:c.stop] for w in members], self.mean_buf[c.start:c.stop])
+                self.opt.step(self.params[c.start:c.stop], mean, lr, offset=c.start)
+            for r in replies:
+                r.requests.append(self.ctx.comm.Isend([self.params[c.start:c.stop], MPI.FLOAT],
+                                                      self.ctx.worker_rank(r.worker), c.tag))
+                self._count_sent(c)
+
+    # -- pull replies ---------------------------------------------------------------------------
+
+    def reply_buffer(self) -> np.ndarray:
+        """The buffer pull replies are sent from.
+
+        Under a round-based policy (BSP) the parameters change only when a round completes, that is
+        when every worker in it has received its previous reply and pushed again; the replies then go
+        out from the parameters themselves, and :meth:`settle` completes any still sending before the
+        round is applied. Otherwise a push may be applied while replies are in flight, and they go out
+        from a snapshot of the shard.
+        """
+        if self.round_based:
+            return self.params
+        buf = self.free_snapshots.pop() if self.free_snapshots else np.empty_like(self.params)
+        np.copyto(buf[self.lo:self.hi], self.params[self.lo:self.hi])
+        return buf
+
+    def reply(self, w: int, buffer: np.ndarray, stop: bool, head: np.ndarray | None = None,
+              send_weights: bool = True) -> PendingReply:
+        """Answer `w`'s pull: post the receives of its next push (unless `stop`), send `head` (rank 0's
+        reply header) and, unless the caller streams them (:meth:`apply_round`), this shard's weights
+        from `buffer`. A worker's first reply holds every tensor; later ones leave out BSP's SFB layers."""
+        if not stop:
+            self.expect_push(w)
+        comm, rank = self.ctx.comm, self.ctx.worker_rank(w)
+        requests = [] if head is None else [comm.Isend([head, MPI.DOUBLE], rank, PULL_TAG)]
+        if send_weights:
+            for c in self.reply_chunks if self.pulled[w] else self.chunks:
+                requests.append(comm.Isend([buffer[c.start:c.stop], MPI.FLOAT], rank, c.tag))
+                self._count_sent(c)
+        self.pulled[w] = True
+        reply = PendingReply(w, requests, buffer, head)
+        self.replies.append(reply)
+        return reply
+
+    def _count_sent(self, c) -> None:
+        self.bytes.sent(self.chunk_tensor[c.tag - CHUNK_TAG0], PS, c.size * self.params.itemsize)
+
+    def complete_replies(self) -> bool:
+        """Take the replies whose sends have completed; True when some had."""
+        finished = [r for r in self.replies if MPI.Request.Testall(r.requests)]
+        if not finished:
+            return False
+        self.replies = [r for r in self.replies if r not in finished]
+        # one snapshot serves every pull a decision released; reuse it once none of them is in flight
+        done = {id(r.snapshot): r.snapshot for r in finished if r.snapshot is not self.params}
+        in_flight = {id(r.snapshot) for r in self.replies}
+        self.free_snapshots += [s for key, s in done.items() if key not in in_flight]
+        return True
+
+    def settle(self, backoff, on_idle) -> None:
+        """Complete every reply still sending from the parameters, before they change (MPI forbids
+        changing a buffer whose send has not completed; its receiver has the data already, or is
+        polling for it). ``on_idle()`` runs between polls (the watchdog: a worker that died before
+        taking its reply)."""
+        while any(r.snapshot is self.params for r in self.replies):
+            if self.complete_replies():
+                backoff.reset()
+                continue
+            on_idle()
+            backoff.idle()
+
+    def replying_to(self) -> list[int]:
+        """The workers whose replies are still sending."""
+        return [r.worker for r in self.replies]
+

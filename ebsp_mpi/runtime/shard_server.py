@@ -1,0 +1,204 @@
+"""Ranks 1..k-1 with ``runtime.servers = k``: a server of one shard, carrying out rank 0's orders.
+
+It keeps a receive posted for every part of every worker's next push that comes to it (its chunks,
+the factors of its SFB layers, the header), and carries out rank 0's orders (``protocol.ORDERS``) in
+their order: apply a push, apply a round, answer a pull, send its shard to rank 0. An order that
+needs a push not yet complete here waits at the head of the queue until it is (the worker sent the
+chunks before the header that rank 0 acted on, so they are on their way).
+
+It watches rank 0 (orders or keep-alives at least every quarter of the stall timeout) and tells rank 0
+that it lives while no order comes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import build
+from ..config import JobConfig
+from .comm import Context, Silence, open_rank_trace, wait_all
+from .faults import fault_for
+from .layout import make_layout
+from .peers import ALIVE
+from .protocol import ALIVE_TAG, ORDER_TAG, ORDER_WIDTH, ORDERS, SNAP_TAG, STATS_TAG, ProtocolError
+from .shard import ShardStore
+
+log = logging.getLogger(__name__)
+
+#: seconds between housekeeping passes (keep-alive to rank 0, its watchdog, trace flush)
+HOUSEKEEPING_S = 0.05
+OP = {code: name for name, code in ORDERS.items()}
+
+
+class ShardServer:
+    """Server rank ``ctx.rank`` (1 <= rank < k) of a run; :meth:`run` returns its statistics."""
+
+    def __init__(self, ctx: Context, job: JobConfig, run_dir, resume=None):
+        self.ctx, self.job, self.run_dir = ctx, job, run_dir
+        ds = build.dataset(job)
+        model = build.model(job, ds)
+        self.params = model.space.data
+        self.layout = make_layout(ctx, job, model)
+        round_based = job.sync.model == "bsp"
+        self.store = ShardStore(ctx, job, self.params, self.layout, ctx.rank, round_based)
+        if resume is not None:  # this shard of the checkpoint's parameters and optimizer state
+            from ..checkpoint import read_checkpoint
+
+            ckpt = read_checkpoint(run_dir)
+            lo, hi = self.store.lo, self.store.hi
+            self.params[lo:hi] = ckpt.params[lo:hi]
+            self.store.opt.velocity[lo:hi] = ckpt.velocity[lo:hi]
+        n = ctx.workers
+        self.pushes = np.zeros(n, dtype=np.int64) if resume is None else np.array(resume.iterations, dtype=np.int64)
+        self.outstanding = np.zeros(n, dtype=bool)  # a push of the worker's is expected, not yet taken
+        self.complete = np.zeros(n, dtype=bool)  # ... and all of it is here
+        self.queue: deque = deque()  # orders not carried out yet
+        self.snapshot = None  # what replies go out from until the next push or round is applied
+        self.order_buf = np.empty(ORDER_WIDTH * (2 * n + 8))
+        self.alive_buf = np.zeros(1)
+        self.keepalive = ctx.comm.Recv_init([self.alive_buf, MPI.DOUBLE], 0, ALIVE_TAG)
+        self.sends: list = []  # keep-alives and snapshots in flight, with their buffers
+        self.snapshots: list[np.ndarray] = []
+        self.ended = False
+        self.trace = open_rank_trace(ctx, job, run_dir, role="server", backend="numpy", device="cpu",
+                                     append=resume is not None)
+        self.trace.set_attrs(**self.layout.as_attrs())
+        self.fault = fault_for(ctx.rank, ctx.size)  # EBSP_INJECT_FAULT, to test the failure paths
+
+    def run(self) -> dict:
+        ctx, backoff = self.ctx, self.ctx.backoff()
+        shard = self.store.shard
+        log.info("server rank %d: elements [%d, %d) of %d", ctx.rank, shard.lo, shard.hi, self.params.size)
+        self.keepalive.Start()
+        scheduler = Silence(self.job.runtime.stall_timeout_s, "the scheduler (rank 0)", self.keepalive)
+        last_told, next_housekeeping = ctx.now(), 0.0
+        while not self.ended:
+            arrived = self.store.take_parts(lambda w: None)
+            self.complete[arrived] = True
+            progressed = bool(arrived)
+            if self._take_orders():
+                scheduler.heard()
+                progressed = True
+            progressed |= self._carry_out()
+            progressed |= self.store.complete_replies()
+            now = ctx.now()
+            if now >= next_housekeeping:
+                scheduler.check()
+                if now - last_told >= self.job.runtime.stall_timeout_s / 4:
+                    self.sends.append((ctx.comm.Isend([ALIVE, MPI.DOUBLE], 0, ALIVE_TAG), ALIVE))
+                    last_told = now
+                self.sends = [(r, b) for r, b in self.sends if not r.Test()]
+                self.trace.maybe_flush()
+                next_housekeeping = now + HOUSEKEEPING_S
+            if progressed:
+                backoff.reset()
+            else:
+                backoff.idle()
+        return self._finish(scheduler)
+
+    def _take_orders(self) -> bool:
+        """Receive every order message that has come, into the queue."""
+        comm, status, took = self.ctx.comm, MPI.Status(), False
+        while comm.Iprobe(0, ORDER_TAG, status):
+            count = status.Get_count(MPI.DOUBLE)
+            if count % ORDER_WIDTH or count > self.order_buf.size:
+                if count % ORDER_WIDTH == 0:
+                    self.order_buf = np.empty(count)
+                else:
+                    raise ProtocolError(f"orders of {count} values from rank 0 (not rows of {ORDER_WIDTH})")
+            comm.Recv([self.order_buf[:count], MPI.DOUBLE], 0, ORDER_TAG)
+            rows = self.order_buf[:count].reshape(-1, ORDER_WIDTH)
+            self.queue.extend((OP.get(int(op)), int(a), int(b)) for op, a, b in rows)
+            took = True
+        return took
+
+    def _carry_out(self) -> bool:
+        """Carry out the orders at the head of the queue, in order, as far as the pushes they need
+        have come."""
+        did = False
+        while self.queue:
+            op, a, b = self.queue[0]
+            if op == "apply":
+                if not self._take_push(a):
+                    break
+                self.store.apply(a, b)
+                self.snapshot = None
+            elif op == "round":
+                members = [self.queue[1 + k][1] for k in range(a)] if len(self.queue) > a else None
+                if members is None or not all(self.complete[w] for w in members):
+                    break
+                if any(self.queue[1 + k][0] != "member" for k in range(a)):
+                    raise ProtocolError(f"a round of {a} members is followed by other orders")
+                for w in members:
+                    self._take_push(w)
+                for _ in range(a):
+                    self.queue.popleft()
+                self.store.settle(self.ctx.backoff(), lambda: None)
+                self.store.apply_round(members, b, [])
+                self.snapshot = None
+            elif op == "reply":
+                if self.outstanding[a] and not self.complete[a]:
+                    break
+                self._reply(a, bool(b))
+            elif op == "snapshot":
+                self._send_snapshot(with_velocity=bool(b))
+            elif op == "end":
+                self.ended = True
+            else:
+                raise ProtocolError(f"unknown order {self.queue[0]} from rank 0")
+            self.queue.popleft()
+            did = True
+        return did
+
+    def _take_push(self, w: int) -> bool:
+        """Count `w`'s push, once it is complete here (False: not yet)."""
+        if not self.complete[w]:
+            return False
+        if self.store.rejected(w, int(self.pushes[w])):
+            raise ProtocolError(f"rank 0 ordered push {int(self.pushes[w])} of worker {w} applied, but its "
+                                f"header says it holds NaN or Inf")
+        self.outstanding[w] = self.complete[w] = False
+        self.pushes[w] += 1
+        return True
+
+    def _reply(self, w: int, stop: bool) -> None:
+        """Answer `w`'s pull with this shard. A push still outstanding at its reply is one rank 0
+        rejected (an accepted one was ordered applied before), which is taken here; or, at a stop
+        reply under BSP, the worker's last push, which the round still to come applies."""
+        if self.outstanding[w]:
+            if self.store.rejected(w, int(self.pushes[w])):
+                self.outstanding[w] = self.complete[w] = False
+                self.pushes[w] += 1
+            elif not stop:
+                raise ProtocolError(f"rank 0 ordered a reply to worker {w} before its push {int(self.pushes[w])} "
+                                    f"was applied")
+        if self.snapshot is None:  # one snapshot serves every reply until the shard changes
+            self.snapshot = self.store.reply_buffer()
+        self.store.reply(w, self.snapshot, stop)
+        if not stop:
+            self.outstanding[w] = True
+
+    def _send_snapshot(self, with_velocity: bool) -> None:
+        lo, hi = self.store.lo, self.store.hi
+        parts = [self.params[lo:hi].copy()]
+        if with_velocity:
+            parts.append(self.store.opt.velocity[lo:hi].copy())
+        for part in parts:
+            self.sends.append((self.ctx.comm.Isend([part, MPI.FLOAT], 0, SNAP_TAG), part))
+
+    def _finish(self, scheduler: Silence) -> dict:
+        if self.fault is not None and self.fault.due("end"):
+            self.fault.fire("the end")
+        wait_all([req for reply in self.store.replies for req in reply.requests], self.ctx.backoff())
+        wait_all([r for r, _ in self.sends], self.ctx.backoff())
+        self.keepalive.Cancel()
+        self.keepalive.Wait()
+        stats = {"bytes": self.store.bytes.as_dict()}
+        self.trace.set_attrs(bytes=stats["bytes"])
+        self.trace.close()
+        wait_all([self.ctx.comm.isend(stats, dest=0, tag=STATS_TAG)], self.ctx.backoff())
+        return stats
