@@ -85,24 +85,25 @@ def pids_of_rank(out_dir: Path, rank: int) -> list[int]:
 
 
 def signal_rank_mid_run(tmp_path: Path, rank: int, sig: int, stall: float, *overrides: str, flags=(),
-                        after: float = 1.0) -> tuple[int, float, str, Path]:
-    """Start a 3-rank run (120 s, an emulated 10 ms of compute per iteration) in ``tmp_path/run``, send
+                        after: float = 1.0, ranks: int = 3) -> tuple[int, float, str, Path]:
+    """Start a `ranks`-rank run (120 s, an emulated 10 ms of compute per iteration) in ``tmp_path/run``, send
     `sig` to `rank` `after` seconds once every rank has built its part, and wait for the job to end
     (at most `stall` + 10 s). Returns the exit code, the seconds from the signal to the end, the
     output, and the run directory. Ranks a launcher left behind (stopped ones) are killed."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     out, log = tmp_path / "run", tmp_path / "log"  # a file: the launcher's output is read after the job ends
-    proc = subprocess.Popen(train_cmd(3, out, "stop.seconds=120", "stop.epochs=0", f"runtime.stall_timeout_s={stall}",
+    last = out / "trace" / f"rank-{ranks - 1:04d}.h5"
+    proc = subprocess.Popen(train_cmd(ranks, out, "stop.seconds=120", "stop.epochs=0", f"runtime.stall_timeout_s={stall}",
                                       "trace.flush_seconds=0.2", "straggler.base_s=0.01", *overrides, flags=flags),
                             stdout=log.open("w"), stderr=subprocess.STDOUT, env=child_env())
     pids = []
     try:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not (pids and (out / "trace" / "rank-0002.h5").exists()):
+        while time.monotonic() < deadline and not (pids and last.exists()):
             time.sleep(0.2)
             pids = pids_of_rank(out, rank)
         assert pids, f"rank {rank} never started"
-        time.sleep(after)  # rank 2's trace file exists: it has built its part, the others may still be at it
+        time.sleep(after)  # the last rank's trace file exists: it has built its part, the others may still be at it
         sent = time.monotonic()
         for pid in pids:
             os.kill(pid, sig)
@@ -115,8 +116,8 @@ def signal_rank_mid_run(tmp_path: Path, rank: int, sig: int, stall: float, *over
         # the launcher may return while the ranks it killed are still being torn down (holding file
         # locks), or leave a stopped one behind
         deadline = time.monotonic() + 10
-        while any(pids_of_rank(out, r) for r in range(3)) and time.monotonic() < deadline:
-            for r in range(3):
+        while any(pids_of_rank(out, r) for r in range(ranks)) and time.monotonic() < deadline:
+            for r in range(ranks):
                 for pid in pids_of_rank(out, r):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)

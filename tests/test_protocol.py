@@ -14,8 +14,8 @@ from ebsp_mpi.runtime.worker import _chunks_of_tensors
 def test_headers_are_written_and_read_by_field_name():
     head = header(PUSH_FIELDS)
     pack(head, PUSH_FIELDS, epoch=1.5, loss=0.25, iteration=7, version=3, injected_delay_s=0.01, compute_s=0.5,
-         wait_s=0.25)
-    assert (head[PUSH.iteration], head[PUSH.version], head[PUSH.loss]) == (7, 3, 0.25)
+         wait_s=0.25, finite=1.0)
+    assert (head[PUSH.iteration], head[PUSH.version], head[PUSH.loss], head[PUSH.finite]) == (7, 3, 0.25, 1.0)
     assert (head[PUSH.injected_delay_s], head[PUSH.epoch]) == (0.01, 1.5)
     reply = header(PULL_FIELDS)
     pack(reply, PULL_FIELDS, stop=1.0, flush=0.0, version=9)
@@ -37,7 +37,7 @@ def test_field_positions_follow_the_fields_whatever_their_order():
 
 def test_every_tag_is_named_once_in_the_protocol():
     tags = {name: value for name, value in vars(protocol).items() if name.endswith("_TAG")}
-    assert set(tags) == {"PUSH_TAG", "PULL_TAG", "CLOCK_TAG", "STATS_TAG", "ALIVE_TAG"}
+    assert set(tags) == {"PUSH_TAG", "PULL_TAG", "CLOCK_TAG", "STATS_TAG", "ALIVE_TAG", "ORDER_TAG", "SNAP_TAG"}
     assert len(set(tags.values())) == len(tags) and max(tags.values()) < CHUNK_TAG0
 
 
@@ -92,7 +92,10 @@ class _Inbox:
 def _server_with(inbox, left):
     from types import SimpleNamespace
 
-    return SimpleNamespace(ctx=SimpleNamespace(comm=inbox), left=set(left), stats=[None, None])
+    from ebsp_mpi.runtime.peers import PeerServers
+
+    ctx = SimpleNamespace(comm=inbox, servers=1, worker_of=lambda rank: rank - 1, now=lambda: 0.0)
+    return SimpleNamespace(ctx=ctx, left=set(left), stats=[None, None], peers=PeerServers(ctx, None, 60.0))
 
 
 def test_the_server_takes_the_statistics_of_stopped_workers():
@@ -120,10 +123,10 @@ def test_the_server_rejects_any_other_unmatched_message(tag, left, taken):
 def test_replies_in_flight_are_told_apart_by_identity():
     """Two replies to one worker can be in flight at once; telling finished ones from the rest must not
     compare their buffers (a field-wise == raised "truth value of an array is ambiguous")."""
-    from ebsp_mpi.runtime.server import _PendingReply
+    from ebsp_mpi.runtime.shard import PendingReply
 
-    first = _PendingReply(1, [], np.zeros(4, np.float32), np.zeros(2), 0.5)
-    second = _PendingReply(1, [], np.ones(4, np.float32), np.zeros(2), 0.5)
+    first = PendingReply(1, [], np.zeros(4, np.float32), np.zeros(2))
+    second = PendingReply(1, [], np.ones(4, np.float32), np.zeros(2))
     assert first in [first] and second not in [first] and first != second
 
 

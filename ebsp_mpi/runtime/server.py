@@ -346,11 +346,10 @@ class Server:
                 backoff.reset()
                 continue
             if self.ctx.now() - since > timeout:
-                missing = [self.ctx.worker_rank(w) for w, s in enumerate(self.stats) if s is None] + \
-                    [r for r, s in self.peers.stats.items() if s is None]
-                raise StallError(f"rank {min(missing)} ({self.ctx.role_of(min(missing))}) sent no statistics "
-                                 f"within {timeout} s after the run ended (runtime.stall_timeout_s); it may have "
-                                 f"died or hung")
+                missing = [f"server rank {r}" for r, s in self.peers.stats.items() if s is None] + \
+                    [f"worker rank {self.ctx.worker_rank(w)}" for w, s in enumerate(self.stats) if s is None]
+                raise StallError(f"{missing[0]} sent no statistics within {timeout} s after the run ended "
+                                 f"(runtime.stall_timeout_s); it may have died or hung")
             backoff.idle()
         return self.stats
 
