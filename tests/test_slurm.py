@@ -93,16 +93,19 @@ def test_a_template_without_the_array_line_is_refused(tmp_path):
 
 
 @needs_bash
-@pytest.mark.parametrize("procid, localid, nodeid, visible, expected", [
-    ("0", "0", "0", "0,1,2,3", ""),   # the server: no GPU
-    ("1", "1", "0", "0,1,2,3", "0"),  # workers on the server's node: local ids 1..4 -> GPUs 0..3
-    ("4", "4", "0", "0,1,2,3", "3"),
-    ("5", "0", "1", "4,5,6,7", "4"),  # a second node: local id 0 -> its first GPU
-    ("2", "0", "0", "7", "7"),        # --gpus-per-task=1: the task's own GPU
+@pytest.mark.parametrize("procid, localid, nodeid, visible, servers, expected", [
+    ("0", "0", "0", "0,1,2,3", "1", ""),   # the server: no GPU
+    ("1", "1", "0", "0,1,2,3", "1", "0"),  # workers on the server's node: local ids 1..4 -> GPUs 0..3
+    ("4", "4", "0", "0,1,2,3", "1", "3"),
+    ("5", "0", "1", "4,5,6,7", "1", "4"),  # a second node: local id 0 -> its first GPU
+    ("2", "0", "0", "7", "1", "7"),        # --gpus-per-task=1: the task's own GPU
+    ("1", "1", "0", "0,1,2,3", "2", ""),   # runtime.servers = 2: rank 1 is a server too
+    ("2", "2", "0", "0,1,2,3", "2", "0"),  # ... and the workers start at rank 2
+    ("5", "5", "0", "0,1,2,3", "2", "3"),
 ])
-def test_gpu_binding(procid, localid, nodeid, visible, expected):
+def test_gpu_binding(procid, localid, nodeid, visible, servers, expected):
     env = dict(os.environ, SLURM_PROCID=procid, SLURM_LOCALID=localid, SLURM_NODEID=nodeid,
-               CUDA_VISIBLE_DEVICES=visible)
+               CUDA_VISIBLE_DEVICES=visible, EBSP_SERVERS=servers)
     p = subprocess.run([str(SLURM / "gpu-bind.sh"), sys.executable, "-c",
                         "import os; print(repr(os.environ['CUDA_VISIBLE_DEVICES']))"],
                        capture_output=True, text=True, env=env, timeout=30)

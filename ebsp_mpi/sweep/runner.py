@@ -13,6 +13,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..config import load_job
 from ..runtime.env import cap_blas_threads
 from .spec import Member, Sweep
 
@@ -163,7 +164,9 @@ def run_sweep(sweep: Sweep, ranks: int, out: Path, mpiexec: list[str], *, wrappe
     for i in chosen:
         o = outcomes[i]
         log = out / "logs" / f"{o.name}.log"
-        run_member(o, out / o.dir, log, sweep.timeout_s, env)
+        # the member's server ranks, for slurm/gpu-bind.sh (which keeps them off the GPUs)
+        member_env = {**env, "EBSP_SERVERS": str(load_job(sweep.base, sweep.members[i].overrides).runtime.servers)}
+        run_member(o, out / o.dir, log, sweep.timeout_s, member_env)
         print(progress_line(i + 1, len(outcomes), o, log), flush=True)
         if only is None:
             write_manifest(out, sweep, ranks, outcomes)
