@@ -131,6 +131,15 @@ def test_ssp_with_two_servers_never_starts_an_iteration_beyond_the_staleness_bou
         for k, t in zip(rows["iteration"], rows["t_start"], strict=True):
             slowest = min(int(np.searchsorted(pushes[j], t, side="right")) for j in its)
             assert k - slowest <= bound, f"worker {w} started iteration {k} while the slowest had {slowest} pushes"
+    # the analysis knows where the workers start: ranks 2..4 are workers 0..2
+    pytest.importorskip("pandas")
+    from ebsp_mpi.analysis.perfetto import trace_events
+    from ebsp_mpi.trace.frames import load_run
+
+    frames = load_run(tmp_path)
+    assert frames.workers == 3 and sorted(set(frames.tables["iterations"]["worker"])) == [0, 1, 2]
+    names = {e["pid"]: e["args"]["name"] for e in trace_events(tmp_path)["traceEvents"] if e["name"] == "process_name"}
+    assert names[1] == "rank 1: server 1 (a shard)" and names[2] == "rank 2: worker 0" and names[4] == "rank 4: worker 2"
 
 
 def test_a_bad_push_is_applied_on_no_shard_and_counted_once(tmp_path):

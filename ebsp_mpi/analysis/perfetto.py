@@ -2,7 +2,7 @@
 
 One process track per rank (``pid`` = MPI rank), times in microseconds on rank 0's clock:
 
-- a worker (rank k + 1): thread "iterations", one slice per iteration with its phases nested inside
+- a worker (rank k + runtime.servers): thread "iterations", one slice per iteration with its phases nested inside
   (compute, injected straggler delay, push, wait for the pull);
 - the server (rank 0): thread "evaluation" (test evaluations, with a "test accuracy" counter), thread
   "barriers" (ElasticBSP: decision to release, with ZipLine's predicted and the observed spread),
@@ -75,8 +75,8 @@ def _strict_json(events: list[dict]) -> list[dict]:
     return events
 
 
-def _worker_events(rank: int, iterations: np.ndarray, staleness: dict) -> list[dict]:
-    events = [_meta(rank, 0, "process_name", {"name": f"rank {rank}: worker {rank - 1}"}),
+def _worker_events(rank: int, worker: int, iterations: np.ndarray, staleness: dict) -> list[dict]:
+    events = [_meta(rank, 0, "process_name", {"name": f"rank {rank}: worker {worker}"}),
               _meta(rank, 0, "process_sort_index", {"sort_index": rank}),
               _meta(rank, TID_ITERATIONS, "thread_name", {"name": "iterations"})]
     for row in iterations:
@@ -85,8 +85,8 @@ def _worker_events(rank: int, iterations: np.ndarray, staleness: dict) -> list[d
         delay_begin = min(max(t_ce - r["injected_delay_s"], t0), t_ce)
         args = {"version": r["version"], "loss": r["loss"], "injected_delay_s": r["injected_delay_s"],
                 "epoch": r["epoch"], "wait_s": r["wait_s"]}
-        if (rank - 1, r["iteration"]) in staleness:
-            args["staleness"] = staleness[(rank - 1, r["iteration"])]
+        if (worker, r["iteration"]) in staleness:
+            args["staleness"] = staleness[(worker, r["iteration"])]
         events.append(_slice(f"iteration {r['iteration']}", rank, TID_ITERATIONS, t0, t_end, "iteration", args))
         events.append(_slice("compute", rank, TID_ITERATIONS, t0, delay_begin, "phase"))
         if t_ce > delay_begin:
@@ -159,6 +159,7 @@ def trace_events(run_dir: str | os.PathLike) -> dict:
     server = traces.get(0)
     config = next((t.config for t in traces.values() if t.config), {})
     sync = (config.get("sync") or {}).get("model", "?")
+    servers = int((config.get("runtime") or {}).get("servers", 1))  # ranks 0..servers-1; workers after them
     staleness = {}
     if server is not None:
         pushes = server.table("pushes")
@@ -166,10 +167,13 @@ def trace_events(run_dir: str | os.PathLike) -> dict:
                                                                   pushes["staleness"], strict=True)}
     events: list[dict] = []
     if server is not None:
-        events += _server_events(server.tables, max(world - 1, 0), sync)
+        events += _server_events(server.tables, max(world - servers, 0), sync)
     for rank, trace in sorted(traces.items()):
-        if rank != 0:
-            events += _worker_events(rank, trace.table("iterations"), staleness)
+        if rank >= servers:
+            events += _worker_events(rank, rank - servers, trace.table("iterations"), staleness)
+        elif rank > 0:  # a shard server: a named track (rank 0 holds the schedule and its events)
+            events += [_meta(rank, 0, "process_name", {"name": f"rank {rank}: server {rank} (a shard)"}),
+                       _meta(rank, 0, "process_sort_index", {"sort_index": rank})]
     # parents before the slices nested in them: by start time, longer first
     events.sort(key=lambda e: (e["ts"], -e.get("dur", 0.0)))
     return {"traceEvents": _strict_json(events), "displayTimeUnit": "ms",

@@ -5,7 +5,7 @@ an optional extra (``pip install -e '.[analysis]'``) and is imported here only.
 
 Every frame has a ``rank`` column (the rank whose file the row came from: 0 for the server's tables) and
 all times are seconds since the run start on rank 0's clock, as the writer stores them. ``worker``
-columns hold the worker index k (MPI rank k + 1). Worker iteration rows get the phase durations an
+columns hold the worker index k (MPI rank k + runtime.servers). Worker iteration rows get the phase durations an
 analysis needs (``compute_s``, ``delay_s``, ``push_s``, ``wait_s``, ``iteration_s``).
 
 A damaged run is read as far as it goes: a missing or truncated rank file, a rank file of another run,
@@ -88,12 +88,17 @@ class RunFrames:
         return workers + 1 if workers else None
 
     @property
+    def servers(self) -> int:
+        """Server ranks (``runtime.servers``): ranks 0..servers-1; the workers follow them."""
+        return _servers(self.config)
+
+    @property
     def workers(self) -> int:
-        """Number of workers (world size − 1), or the largest worker index seen + 1."""
+        """Number of workers (world size − servers), or the largest worker index seen + 1."""
         if self.summary.get("workers"):
             return int(self.summary["workers"])
         if self.world_size:
-            return self.world_size - 1
+            return self.world_size - self.servers
         it = self.tables.get("iterations")
         return int(it["worker"].max()) + 1 if it is not None and len(it) else 0
 
@@ -124,14 +129,19 @@ def _empty(name: str):
     return frame
 
 
-def _with_phases(it):
-    """Worker iteration rows with the worker index and the duration of each phase (seconds).
+def _servers(config: dict) -> int:
+    return int((config.get("runtime") or {}).get("servers", 1))
+
+
+def _with_phases(it, servers: int):
+    """Worker iteration rows with the worker index (rank − servers) and the duration of each phase
+    (seconds).
 
     ``t_start → t_compute_end`` holds the real compute and then the injected straggler sleep, so the
     real compute is that span minus ``injected_delay_s``.
     """
     it = it.copy()
-    it.insert(1, "worker", it["rank"] - 1)
+    it.insert(1, "worker", it["rank"] - servers)
     span = it["t_compute_end"] - it["t_start"]
     it["delay_s"] = it["injected_delay_s"]
     it["compute_s"] = (span - it["injected_delay_s"]).clip(lower=0.0)
@@ -202,10 +212,10 @@ def load_run(run_dir: str | os.PathLike) -> RunFrames:
                 parts[name].append(to_frame(rows, rank))
     tables = {name: pd.concat(frames, ignore_index=True) if frames else _empty(name)
               for name, frames in parts.items()}
-    for name in WORKER_TABLES:
-        tables[name] = _with_phases(tables[name])
-
     config = summary_config or next((t.config for t in traces.values() if t.config), {})
+    for name in WORKER_TABLES:
+        tables[name] = _with_phases(tables[name], _servers(config))
+
     for text in problems:
         warnings.warn(text, stacklevel=2)
     return RunFrames(path=run_dir, summary=summary, config=config,

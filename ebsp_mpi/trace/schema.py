@@ -2,7 +2,9 @@
 
 Every rank writes one file (``DIR/trace/rank-NNNN.h5``, see :func:`ebsp_mpi.trace.writer.trace_path`).
 A worker's file holds ``iterations``; the server's (rank 0) holds ``pushes``, ``pulls``, ``evals``,
-``barriers``, ``barrier_members`` and ``zipline``. Each table is a chunked, resizable, one-dimensional
+``barriers``, ``barrier_members`` and ``zipline``. With ``runtime.servers = k > 1`` the other servers'
+files (ranks 1..k-1) hold no table, only attributes (their ``shards`` and ``bytes``): rank 0 decides
+everything and they carry out its orders. Each table is a chunked, resizable, one-dimensional
 dataset of the dtype below; a table that never received a row is absent from the file.
 
 All times (``t*`` fields) are seconds since the run's start on rank 0's clock: a worker converts its
@@ -56,7 +58,7 @@ ITERATIONS = np.dtype(
 #: One row per gradient push received by the server.
 PUSHES = np.dtype(
     [
-        ("worker", "i4"),  # worker index k (MPI rank k + 1), as in the sync policies
+        ("worker", "i4"),  # worker index k (MPI rank k + runtime.servers), as in the sync policies
         ("iteration", "i8"),  # the worker's 0-based iteration (as in its ``iterations`` table)
         ("t", "f8"),  # arrival time
         ("version_before", "i8"),  # global version when the push arrived
@@ -68,7 +70,7 @@ PUSHES = np.dtype(
 #: One row per pull answered by the server.
 PULLS = np.dtype(
     [
-        ("worker", "i4"),  # worker index k (MPI rank k + 1)
+        ("worker", "i4"),  # worker index k (MPI rank k + runtime.servers)
         ("t_request", "f8"),  # pull request arrived
         ("t_reply", "f8"),  # weights sent (later than t_request when the sync model held it)
         ("version", "i8"),  # global version sent
@@ -102,7 +104,7 @@ BARRIERS = np.dtype(
 BARRIER_MEMBERS = np.dtype(
     [
         ("barrier", "i8"),
-        ("worker", "i4"),  # worker index k (MPI rank k + 1)
+        ("worker", "i4"),  # worker index k (MPI rank k + runtime.servers)
         ("r", "i8"),  # the worker's barrier is its r-th next push (1-based, 1 <= r <= R)
         ("predicted_t", "f8"),  # predicted time of that push
         ("arrival_t", "f8"),  # actual time of that push
