@@ -180,6 +180,18 @@ def test_ps_runs_the_server_with_each_number_of_workers(tmp_path):
     assert "the runtime against it (ratio): 2,010 params x 1 " in out and ", 2,010 params x 2 " in out
 
 
+def test_ps_with_servers_runs_each_number_of_servers_with_the_workers_left(tmp_path):
+    records, out = run_bench(tmp_path, "ps", "--sizes", "2e4", "--iterations", "4", "--warmup", "1",
+                             "--servers", "1,2", ranks=4)
+    check_records(records, "ps")
+    cases = [r["case"].split("MiB), ")[-1] for r in records]
+    assert cases == ["1 server(s), 1 worker(s)", "1 server(s), 2 worker(s)", "1 server(s), 3 worker(s)",
+                     "2 server(s), 1 worker(s)", "2 server(s), 2 worker(s)"]
+    assert {r["reference"] for r in records} == {"raw MPI, same messages"}
+    assert all(r["figure"] > 0 and r["reference_figure"] > 0 for r in records)
+    assert "against one server with as many workers" in out
+
+
 def test_the_server_work_of_the_raw_reference_is_the_servers_bsp_step():
     from ebsp_mpi import build
     from ebsp_mpi.bench.ps import ServerWork, job_for

@@ -245,7 +245,7 @@ def runtime_round_trips(ctx, job, warmup: int) -> tuple[list[list[float]], dict 
     read = (lambda run_dir: breakdown(run_dir, warmup)) if job.trace.enabled else None
     with server_core_timers() as rounds:
         result = run_job(ctx, job, _timed_worker_class(), read=read)
-    periods = ctx.comm.gather(None if ctx.rank == 0 else list(np.diff(result.starts)), root=0)
+    periods = ctx.comm.gather(None if ctx.rank < ctx.servers else list(np.diff(result.starts)), root=0)
     if ctx.rank != 0:
         return [], None, None
     core = None
@@ -253,7 +253,7 @@ def runtime_round_trips(ctx, job, warmup: int) -> tuple[list[list[float]], dict 
         receive, step, starts = (np.array(column) for column in zip(*rounds[warmup:], strict=True))
         core = {"receive + check": float(np.median(receive)), "step + reply sends": float(np.median(step)),
                 "round": float(np.median(np.diff(starts)))}
-    return periods[1:], (result[1] if read is not None else None), core
+    return periods[ctx.servers:], (result[1] if read is not None else None), core
 
 
 def round_trip_case(world_comm, params: int, k: int, args) -> tuple[list[dict], list[dict], dict, dict, dict]:
@@ -306,6 +306,91 @@ def round_trip_case(world_comm, params: int, k: int, args) -> tuple[list[dict], 
         sub.Free()
     idle_barrier(world_comm)
     return found, ceiling, targets, parts, cores
+
+
+# -- sharded servers ---------------------------------------------------------------------------------
+
+def raw_sharded_round_trips(ctx, layout, iterations: int) -> list[float]:
+    """Push + pull with plain MPI between ``ctx.servers`` servers and the workers after them, moving what
+    the runtime moves with ``runtime.servers``: each chunk to and from its owner, the header to every
+    server, the reply's header from rank 0; blocking ``Waitall``, nothing computed. Returns each
+    iteration's seconds on a worker, nothing on a server."""
+    from mpi4py import MPI
+
+    from ..runtime.protocol import PULL_FIELDS, PUSH_FIELDS, header
+
+    comm, servers, n = ctx.comm, ctx.servers, ctx.workers
+    chunks, owner = layout.chunks, layout.owner
+    size = layout.shards[-1].hi
+    push_tag, pull_tag = RAW_TAG0, RAW_TAG0 + 1
+    if ctx.rank < servers:
+        mine = [c for k, c in enumerate(chunks) if owner[k] == ctx.rank]
+        grads = [_filled(size) for _ in range(n)]
+        heads = [header(PUSH_FIELDS) for _ in range(n)]
+        params, reply = _filled(size), header(PULL_FIELDS)
+
+        def post():
+            reqs = []
+            for w in range(n):
+                reqs += [comm.Irecv([grads[w][c.start:c.stop], MPI.FLOAT], servers + w, c.tag) for c in mine]
+                reqs.append(comm.Irecv([heads[w], MPI.DOUBLE], servers + w, push_tag))
+            return reqs
+
+        recvs = post()
+        for i in range(iterations):
+            MPI.Request.Waitall(recvs)
+            recvs = post() if i + 1 < iterations else []
+            sends = [comm.Isend([reply, MPI.DOUBLE], servers + w, pull_tag) for w in range(n)] if ctx.rank == 0 else []
+            for c in mine:
+                sends += [comm.Isend([params[c.start:c.stop], MPI.FLOAT], servers + w, c.tag) for w in range(n)]
+            MPI.Request.Waitall(sends)
+        return []
+    grad, params = _filled(size), _filled(size)
+    head, reply = header(PUSH_FIELDS), header(PULL_FIELDS)
+    times = []
+    for _ in range(iterations):
+        t = time.perf_counter()
+        reqs = [comm.Irecv([reply, MPI.DOUBLE], 0, pull_tag)]
+        reqs += [comm.Irecv([params[c.start:c.stop], MPI.FLOAT], owner[k], c.tag) for k, c in enumerate(chunks)]
+        reqs += [comm.Isend([grad[c.start:c.stop], MPI.FLOAT], owner[k], c.tag) for k, c in enumerate(chunks)]
+        reqs += [comm.Isend([head, MPI.DOUBLE], s, push_tag) for s in range(servers)]
+        MPI.Request.Waitall(reqs)
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def sharded_case(world_comm, params: int, servers: int, k: int, args) -> list[dict]:
+    """Ranks 0..servers+k-1, for `params` parameters: raw MPI and the runtime with ``runtime.servers =
+    servers`` and `k` workers (raw MPI before and after the runtime). Returns the record on rank 0."""
+    from .. import build
+    from ..runtime import comm as runtime_comm
+    from ..runtime.layout import make_layout
+
+    sub = subgroup(world_comm, servers + k)
+    found: list[dict] = []
+    if sub is not None:
+        ctx = runtime_comm.setup(sub)
+        ctx.servers = servers
+        job = job_for(params, args.warmup + args.iterations, args.sync, not args.no_trace,
+                      [*args.set, f"runtime.servers={servers}"])
+        layout = make_layout(ctx, job, build.model(job, build.dataset(job)))
+        total = args.warmup + args.iterations
+        raw = raw_sharded_round_trips(ctx, layout, total)[args.warmup:]
+        ours, _, _ = runtime_round_trips(ctx, job, args.warmup)
+        raw += raw_sharded_round_trips(ctx, layout, total)[args.warmup:]
+        raw = ctx.comm.gather(raw, root=0)
+        if ctx.rank == 0:
+            size = layout.shards[-1].hi
+            ours_med = float(np.median([t for times in ours for t in times[args.warmup:]]))
+            raw_med = float(np.median([t for times in raw[servers:] for t in times]))
+            moved = k * 2 * 4 * size
+            name = f"{size:,} params ({4 * size / 2**20:.2f} MiB), {servers} server(s), {k} worker(s)"
+            found.append(record("ps", f"sharded round trip {name}", moved / ours_med, "B/s", "raw MPI, same messages",
+                                moved / raw_med))
+        ctx.comm.Free()
+        sub.Free()
+    idle_barrier(world_comm)
+    return found
 
 
 # -- the server's update ------------------------------------------------------------------------------
@@ -380,13 +465,19 @@ def main(argv=None, records: list | None = None) -> int:
     parser.add_argument("--no-trace", action="store_true", help="run the server and workers without traces")
     parser.add_argument("--set", dest="set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a key of the round trip's job, e.g. --set runtime.chunk_bytes=524288")
+    parser.add_argument("--servers", default="", metavar="K,...",
+                        help="also the round trip with k server ranks (runtime.servers) and 1 .. N-k workers, "
+                             "against raw MPI moving the same messages, for each k, e.g. --servers 1,2,4")
     args = parser.parse_args(argv)
     require_ranks("ps", 2)
     sizes = parse_sizes(args.sizes)
     comm = world()
     n = comm.Get_size() - 1
     counts = _worker_counts(args.workers, n)
+    server_counts = _server_counts(args.servers, n)
     logging.getLogger("ebsp_mpi.runtime").setLevel(logging.WARNING)
+    if server_counts:
+        return _main_sharded(comm, sizes, server_counts, args, records)
 
     trips: list[dict] = []
     ceilings: list[dict] = []
@@ -436,6 +527,47 @@ def main(argv=None, records: list | None = None) -> int:
             records += trips + ceilings + updates
     return 0
 
+
+
+def _main_sharded(comm, sizes: list[int], server_counts: list[int], args, records: list | None) -> int:
+    """``--servers``: the round trip with k servers and every number of workers the ranks allow."""
+    n = comm.Get_size() - 1
+    trips: list[dict] = []
+    with abort_on_failure():
+        for size in sizes:
+            for servers in server_counts:
+                for k in _worker_counts(args.workers, n + 1 - servers):
+                    trips += sharded_case(comm, size, servers, k, args)
+        idle_barrier(comm)
+    if comm.Get_rank() == 0:
+        print_table(f"push + pull round trip with sharded servers ({args.sync}, traces "
+                    f"{'off' if args.no_trace else 'on'}), bytes moved per second by all workers together; "
+                    f"median of {args.iterations} iterations per worker after {args.warmup}", trips)
+        base = {(r["case"].split(" params")[0], r["case"].split(", ")[-1]): r["figure"] for r in trips
+                if ", 1 server(s)," in r["case"]}
+        gains = [f"{r['case'].removeprefix('sharded round trip ')}: {r['figure'] / base[key]:.2f}" for r in trips
+                 if (key := (r["case"].split(" params")[0], r["case"].split(", ")[-1])) in base
+                 and ", 1 server(s)," not in r["case"]]
+        if gains:
+            print("against one server with as many workers (ratio of bytes per second):")
+            for line in gains:
+                print(f"  {line}")
+            print()
+        if records is not None:
+            records += trips
+    return 0
+
+
+def _server_counts(text: str, n: int) -> list[int]:
+    """``--servers 1,2,4`` -> [1, 2, 4]: each in 1..n (at least one worker left); empty: not asked."""
+    try:
+        counts = [int(k) for k in text.split(",") if k.strip()]
+    except ValueError:
+        counts = [0]
+    if any(not 1 <= k <= n for k in counts):
+        raise UsageError(f"--servers {text}: expected numbers in 1..{n} (one rank at least is left for a "
+                         f"worker), comma-separated")
+    return counts
 
 
 def _short(case: str) -> str:

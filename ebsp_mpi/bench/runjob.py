@@ -24,12 +24,17 @@ def run_job(ctx, job, worker_class=None, read=None):
     directory (traces, ``model.h5``) is deleted afterwards.
     """
     from ..runtime.server import Server
+    from ..runtime.shard_server import ShardServer
     from ..runtime.worker import Worker
 
+    ctx.servers = job.runtime.servers
     path = ctx.comm.bcast(tempfile.mkdtemp(prefix="ebsp-bench-") if ctx.rank == 0 else None, root=0)
     try:
         if ctx.rank == 0:
             result = Server(ctx, job, Path(path), show_progress=False).run()  # collects the workers' stats
+        elif ctx.is_server:
+            result = ShardServer(ctx, job, Path(path))
+            result.run()
         else:
             result = (worker_class or Worker)(ctx, job, Path(path))
             result.run()
@@ -78,7 +83,7 @@ def gradient_clock():
 
 
 def breakdown(run_dir, warmup: int) -> dict:
-    """Median seconds of the parts of worker 0's iterations (rank 1), from a run's traces.
+    """Median seconds of the parts of worker 0's iterations, from a run's traces.
 
     ``compute``: its gradient (``t_compute_end - t_start``); ``push``: from the worker starting its push
     to the server holding all of it (``pushes.t - t_push``); ``server + pull``: from there to the
@@ -91,7 +96,8 @@ def breakdown(run_dir, warmup: int) -> dict:
     traces = read_run(run_dir)
     pushes = traces[0].table("pushes")
     pushes = pushes[pushes["worker"] == 0][warmup:]
-    it = traces[1].table("iterations")[warmup:]
+    first_worker = min(rank for rank, t in traces.items() if t.role == "worker")
+    it = traces[first_worker].table("iterations")[warmup:]
     n = min(len(it), len(pushes))
     it, pushes = it[:n], pushes[:n]
     parts = {"compute": it["t_compute_end"] - it["t_start"], "push": pushes["t"] - it["t_push"],
