@@ -67,7 +67,7 @@ def _legend_label(label: str, n: int) -> str:
 
 def _worker_ticks(ax, workers: int, slow: int | None, axis: str = "x") -> None:
     ticks = list(range(workers))
-    names = [f"worker {w}\n(rank {w + 1})" + ("\nslowest" if w == slow else "") for w in ticks]
+    names = [f"worker {w}" + ("\nslowest" if w == slow else "") for w in ticks]
     if axis == "x":
         ax.set_xticks(ticks, names)
     else:
