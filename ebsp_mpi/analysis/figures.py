@@ -267,7 +267,7 @@ def timeline(runs: Sequence[Run], path: Path, window: tuple[float, float] | None
         sampled = f" ({len(shown)} of {workers} workers shown, by speed)" if len(shown) < workers else ""
         ax.set_title(f"{run.label}: the other workers wait {fast_share:.0%} of this window, "
                      f"worker {slow} (slowest) {slow_share:.0%}{sampled}", fontsize=11, loc="left")
-        ax.set_yticks(range(len(shown)), [f"worker {w} (rank {w + 1})" + (" slowest" if w == slow else "")
+        ax.set_yticks(range(len(shown)), [f"worker {w}" + (" slowest" if w == slow else "")
                                           for w in shown])
         ax.set_ylim(-0.6, len(shown) - 0.4)
         ax.invert_yaxis()
