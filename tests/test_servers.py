@@ -9,6 +9,8 @@ Each launch carries a timeout.
 import itertools
 import json
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import h5py
@@ -18,7 +20,7 @@ import pytest
 from ebsp_mpi.outputs import read_model
 from ebsp_mpi.runtime.protocol import owner_of_chunks, plan_chunks, plan_shards
 from ebsp_mpi.trace import read_run
-from mpirun import local, signal_rank_mid_run, train, watchdog_flags
+from mpirun import child_env, local, mpiexec, signal_rank_mid_run, train, watchdog_flags
 
 ORACLE = ["sync.model=bsp", "stop.iterations=40", "optim.momentum=0.9", "optim.weight_decay=5e-4",
           "straggler.enabled=false"]
@@ -139,7 +141,8 @@ def test_ssp_with_two_servers_never_starts_an_iteration_beyond_the_staleness_bou
     frames = load_run(tmp_path)
     assert frames.workers == 3 and sorted(set(frames.tables["iterations"]["worker"])) == [0, 1, 2]
     names = {e["pid"]: e["args"]["name"] for e in trace_events(tmp_path)["traceEvents"] if e["name"] == "process_name"}
-    assert names[1] == "rank 1: server 1 (a shard)" and names[2] == "rank 2: worker 0" and names[4] == "rank 4: worker 2"
+    assert names[1] == "rank 1: server 1 (a shard)"
+    assert names[2] == "rank 2: worker 0" and names[4] == "rank 4: worker 2"
 
 
 def test_a_bad_push_is_applied_on_no_shard_and_counted_once(tmp_path):
@@ -184,3 +187,18 @@ def test_too_few_ranks_for_the_servers_is_one_line_and_exit_2(tmp_path):
     assert p.returncode == 2
     assert "runtime.servers = 2: this launch has 2 ranks, which leaves no worker" in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_a_run_with_two_servers_resumes_from_its_checkpoint_exactly(tmp_path):
+    """Each server reads its own shard of checkpoint.h5: 40 iterations, then 40 more from the
+    checkpoint, equal 80 in one go (BSP)."""
+    first = train(5, tmp_path / "resumed", "runtime.servers=2", *ORACLE, timeout=180)
+    assert first.returncode == 0, first.stderr
+    resumed = subprocess.run([*mpiexec(), "-n", "5", sys.executable, "-m", "ebsp_mpi", "train", "-q", "--resume",
+                              str(tmp_path / "resumed"), "--set", "stop.iterations=80"],
+                             capture_output=True, text=True, timeout=180, env=child_env())
+    assert resumed.returncode == 0, resumed.stderr
+    whole = [o for o in ORACLE if not o.startswith("stop.")]
+    p = train(5, tmp_path / "whole", "runtime.servers=2", *whole, "stop.iterations=80", timeout=180)
+    assert p.returncode == 0, p.stderr
+    assert max_abs_difference(tmp_path / "resumed", tmp_path / "whole") <= 1e-5
