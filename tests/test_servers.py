@@ -182,6 +182,19 @@ def test_a_stopped_or_killed_server_rank_ends_the_job_and_is_named(sig, cleanup,
         assert "server rank 1 silent" in output or "the server 1 (rank 1) sent nothing" in output, output[-3000:]
 
 
+@pytest.mark.parametrize("fault, message", [
+    ("1:30", "rank 1 (server 1) failed: RuntimeError: fault injected at push 30"),
+    ("1:30:hang", "rank 1"),  # rank 0 or a worker names the silent server
+], ids=["raise", "hang"])
+def test_a_failing_shard_server_ends_the_job_and_is_named(fault, message, tmp_path):
+    p = train(4, tmp_path, "runtime.servers=2", "stop.iterations=40", "straggler.enabled=false",
+              "runtime.stall_timeout_s=3", extra_env={"EBSP_INJECT_FAULT": fault}, timeout=60)
+    assert p.returncode != 0
+    assert message in p.stderr + p.stdout, p.stderr
+    if fault.endswith("hang"):
+        assert "server rank 1 silent" in p.stderr or "the server 1 (rank 1) sent nothing" in p.stderr, p.stderr
+
+
 def test_too_few_ranks_for_the_servers_is_one_line_and_exit_2(tmp_path):
     p = train(2, tmp_path / "run", "runtime.servers=2", timeout=60)
     assert p.returncode == 2

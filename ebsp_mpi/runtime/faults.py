@@ -1,7 +1,7 @@
 """Fault injection for testing the failure paths: ``EBSP_INJECT_FAULT=RANK:WHEN[:MODE]``.
 
-- ``RANK``: the rank that fails, the server (0) or a worker (1..N-1);
-- ``WHEN``: on a worker, its 0-based iteration; on the server, the number of pushes it has taken in
+- ``RANK``: the rank that fails, a server (0..k-1, ``runtime.servers = k``) or a worker;
+- ``WHEN``: on a worker, its 0-based iteration; on a server, the number of pushes it has taken in
   (the fault fires when it takes in that many); ``end`` on a worker: after its stop reply, before it
   reports its statistics; on the server: after the last worker has stopped, before the model is written;
 - ``MODE``: ``raise`` (the default: an exception, which aborts the job) or ``hang`` (the rank stops

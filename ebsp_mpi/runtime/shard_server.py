@@ -163,6 +163,8 @@ class ShardServer:
                                 f"header says it holds NaN or Inf")
         self.outstanding[w] = self.complete[w] = False
         self.pushes[w] += 1
+        if self.fault is not None and self.fault.due(int(self.pushes.sum())):
+            self.fault.fire(f"push {int(self.pushes.sum())}")
         return True
 
     def _reply(self, w: int, stop: bool) -> None:
