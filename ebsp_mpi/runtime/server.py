@@ -146,13 +146,10 @@ class Server:
 
     def _serve_pushes(self) -> bool:
         now = self.ctx.now()
-        complete = self.store.take_parts(self._heard)
+        complete = self.store.take_parts(self.last_heard, now)
         for w in complete:
             self._on_push(w, now)
         return bool(complete)
-
-    def _heard(self, w: int) -> None:
-        self.last_heard[w] = self.ctx.now()
 
     def _on_push(self, w: int, t: float) -> None:
         head = self.store.headers[w]

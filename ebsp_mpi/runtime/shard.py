@@ -117,9 +117,10 @@ class ShardStore:
         self.bad[w] = False
         MPI.Prequest.Startall(self.recvs[w * self.parts:(w + 1) * self.parts])
 
-    def take_parts(self, heard) -> list[int]:
+    def take_parts(self, last_heard: np.ndarray, now: float) -> list[int]:
         """Take the parts of pushes that have arrived; return the workers whose push is now complete
-        here, in the order they completed. ``heard(w)`` is called for every part (the watchdog)."""
+        here, in the order they completed. ``last_heard[w]`` becomes `now` for every worker a part
+        came from (the watchdog)."""
         done = MPI.Request.Testsome(self.recvs, self.statuses)
         complete = []
         for k, i in enumerate(done or ()):  # statuses[k] belongs to done[k], as in MPI_Testsome
@@ -132,7 +133,7 @@ class ShardStore:
                 self.bytes.received(tensor, scheme, piece.nbytes)
                 if not all_finite(piece):  # checked now, while the chunk is in cache
                     self.bad[w] = True
-            heard(w)
+            last_heard[w] = now
             self.missing[w] -= 1
             if self.missing[w] == 0:
                 complete.append(w)

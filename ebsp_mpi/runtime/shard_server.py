@@ -56,6 +56,7 @@ class ShardServer:
         self.pushes = np.zeros(n, dtype=np.int64) if resume is None else np.array(resume.iterations, dtype=np.int64)
         self.outstanding = np.zeros(n, dtype=bool)  # a push of the worker's is expected, not yet taken
         self.complete = np.zeros(n, dtype=bool)  # ... and all of it is here
+        self.heard = np.zeros(n)  # not watched here: rank 0 watches the workers
         self.queue: deque = deque()  # orders not carried out yet
         self.snapshot = None  # what replies go out from until the next push or round is applied
         self.order_buf = np.empty(ORDER_WIDTH * (2 * n + 8))
@@ -77,7 +78,7 @@ class ShardServer:
         scheduler = Silence(self.job.runtime.stall_timeout_s, "the scheduler (rank 0)", self.keepalive)
         last_told, next_housekeeping = ctx.now(), 0.0
         while not self.ended:
-            arrived = self.store.take_parts(lambda w: None)
+            arrived = self.store.take_parts(self.heard, 0.0)
             self.complete[arrived] = True
             progressed = bool(arrived)
             if self._take_orders():
