@@ -1,0 +1,240 @@
+"""The code that only a GPU runs, run on a CPU with a fake device (tests/fakecupy.py).
+
+A real GPU run (marker ``gpu``, and ``.ci/gpu-check.sh``) is the final word; these tests make a
+regression in the GPU-only paths show on every machine:
+
+- **device choice**: a rank's device is its node-local rank modulo the device count, chosen before
+  its first allocation;
+- **staging** (``runtime.cuda_aware_mpi = false``): MPI sends and receives host mirrors; each gradient
+  chunk is copied device -> host once, before its send; the pulled weights are copied host -> device;
+- **CUDA-aware MPI** (``runtime.cuda_aware_mpi = true``): MPI reads the device buffers themselves, and
+  the stream is synchronised before every send (or MPI would read a gradient still being computed);
+- **a whole run**: ``mpiexec -n 3 python -m ebsp_mpi train --set backend=cupy`` under BSP, staged or
+  CUDA-aware, with wait-free backprop on and off, equals the single-process NumPy oracle.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fakecupy
+from ebsp_mpi.backend import resolve_backend
+from ebsp_mpi.nn import build_model
+from ebsp_mpi.outputs import read_model
+from mpirun import local, train
+
+FAKE_PATH = Path(__file__).resolve().parent / "fakecupy_path"
+
+
+@pytest.fixture
+def device(monkeypatch):
+    """The fake CuPy, installed as ``cupy`` for one test, with two devices; yields its counters' holder."""
+    monkeypatch.setenv(fakecupy.DEVICES_ENV, "2")
+    monkeypatch.delenv("EBSP_BACKEND", raising=False)
+    fakecupy.install(monkeypatch)
+    return fakecupy
+
+
+# -- device choice ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("devices", [1, 2, 3])
+@pytest.mark.parametrize("local_rank", range(5))
+def test_the_device_is_the_node_local_rank_modulo_the_device_count(device, monkeypatch, devices, local_rank):
+    monkeypatch.setenv(fakecupy.DEVICES_ENV, str(devices))
+    b = resolve_backend("cupy", local_rank=local_rank, env={})
+    assert b.name == "cupy" and b.device == local_rank % devices
+    assert device.state.device == b.device  # made current, so that what follows is allocated there
+    model = build_model("mlp", (1, 8, 8), 4, hidden=(16,), xp=b.xp, dtype=np.float32, seed=0)
+    assert isinstance(model.space.data, device.ndarray) and device.state.devices_used == {b.device}
+    assert b.describe() == f"cupy:{b.device} (Fake CUDA device {b.device})"
+
+
+def test_auto_takes_the_device_and_the_environment_still_overrides(device):
+    assert resolve_backend("auto", local_rank=1, env={}).name == "cupy"
+    assert resolve_backend("cupy", local_rank=1, env={"EBSP_BACKEND": "numpy"}).name == "numpy"
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_the_network_on_the_fake_device_equals_numpy(device, kind):
+    """The fake is faithful enough to train on: the same loss and gradient as NumPy, on the device."""
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(8, 1, 8, 8)), rng.integers(0, 4, size=8)
+    ref = build_model(kind, (1, 8, 8), 4, hidden=(16,), channels=(3, 4), dtype=np.float64, seed=5)
+    dev = build_model(kind, (1, 8, 8), 4, hidden=(16,), channels=(3, 4), xp=device, dtype=np.float64, seed=5)
+    assert dev.loss_and_grad(device.asarray(x), device.asarray(y)) == pytest.approx(ref.loss_and_grad(x, y), rel=1e-12)
+    assert isinstance(dev.space.grad, device.ndarray)
+    np.testing.assert_allclose(device.asnumpy(dev.space.grad), ref.space.grad, rtol=1e-9, atol=1e-12)
+
+
+def test_the_fake_refuses_what_a_gpu_refuses(device):
+    a = device.asarray(np.ones(4, dtype=np.float32))
+    with pytest.raises(TypeError, match="mixes a device array"):
+        np.add(a, np.ones(4, dtype=np.float32))
+    device.state.pending = False
+    a *= 2
+    assert device.state.pending  # a kernel is queued until the stream is synchronised
+    device.cuda.get_current_stream().synchronize()
+    assert not device.state.pending and device.state.synchronizes == 1
+
+
+# -- one worker's messages, with a recording communicator ----------------------------------------------
+
+
+class Recorded:
+    """A persistent request that records, at each ``Start``, what MPI would read from its buffer then."""
+
+    def __init__(self, log, kind, buf, peer, tag):
+        self.log, self.kind, self.buf, self.peer, self.tag = log, kind, buf, peer, tag
+
+    def Start(self):
+        state = fakecupy.state
+        host = self.buf.view(np.ndarray) if isinstance(self.buf, fakecupy.ndarray) else self.buf
+        self.log.append(dict(request=self, values=np.array(host, copy=True), pending=state.pending,
+                             d2h_bytes=state.d2h_bytes))
+
+
+class RecordingComm:
+    """Just what a worker's constructor asks of its communicator; every request records its starts."""
+
+    def __init__(self):
+        self.log, self.requests = [], []
+
+    def Get_attr(self, key):
+        return 2**21  # MPI.TAG_UB's guaranteed minimum is far lower; any value past the chunk count does
+
+    def _request(self, kind, spec, peer, tag):
+        r = Recorded(self.log, kind, spec[0], peer, tag)
+        self.requests.append(r)
+        return r
+
+    def Send_init(self, spec, dest, tag):
+        return self._request("send", spec, dest, tag)
+
+    def Recv_init(self, spec, source, tag):
+        return self._request("recv", spec, source, tag)
+
+
+def make_worker(tmp_path, *overrides):
+    """Worker 0 (rank 1 of 3, one server) of a small MLP job on the fake device, chunks of 1 KiB."""
+    from ebsp_mpi.config import load_job
+    from ebsp_mpi.runtime.comm import Context
+    from ebsp_mpi.runtime.worker import Worker
+
+    job = load_job(None, ["backend=cupy", "trace.enabled=false", "runtime.chunk_bytes=1024", *overrides])
+    comm = RecordingComm()
+    ctx = Context(comm=comm, rank=1, size=3, local_rank=1, factor_comm=RecordingComm())
+    return Worker(ctx, job, tmp_path), comm
+
+
+def push_once(worker):
+    """One iteration's gradient and push of its chunks, as ``Worker.run`` does them; the number of
+    chunk sends started before the backward pass returned."""
+    worker.started[:] = worker.sfb_chunk
+    worker.finite = True
+    model, during = worker.model, []
+    backward = model.loss_and_grad
+
+    def watched(*args, **kwargs):
+        loss = backward(*args, **kwargs)
+        during.append(len(worker.ctx.comm.log))
+        return loss
+
+    model.loss_and_grad = watched
+    worker.compute_gradient()
+    worker._push_chunks(range(len(worker.chunks)))
+    return during[0]
+
+
+def chunk_sends(worker, comm):
+    chunk_requests = {id(r): k for k, r in enumerate(worker.pushes[:len(worker.chunks)])}
+    return [(chunk_requests[id(e["request"])], e) for e in comm.log if id(e["request"]) in chunk_requests]
+
+
+@pytest.mark.parametrize("wfbp", [False, True], ids=["after-backward", "wait-free"])
+def test_a_staged_push_copies_each_chunk_to_the_host_before_its_send(device, tmp_path, wfbp):
+    worker, comm = make_worker(tmp_path, f"runtime.wait_free_backprop={str(wfbp).lower()}")
+    assert worker.staged and len(worker.chunks) > 4
+    # MPI touches host memory only: the mirrors, not the device's buffers
+    assert all(type(r.buf) is np.ndarray for r in comm.requests)
+    assert type(worker.grad_buf) is np.ndarray and type(worker.params_buf) is np.ndarray
+    assert isinstance(worker.model.space.grad, device.ndarray)
+    worker.grad_buf[...] = np.nan  # what a send of a chunk not copied yet would carry
+    before = device.state.d2h_bytes
+    started_in_backward = push_once(worker)
+    staged_bytes = device.state.d2h_bytes - before
+    sends = chunk_sends(worker, comm)
+    assert sorted(k for k, _ in sends) == list(range(len(worker.chunks)))  # each chunk once
+    grad = device.asnumpy(worker.model.space.grad)
+    copied = before
+    for k, e in sends:
+        c = worker.chunks[k]
+        np.testing.assert_array_equal(e["values"], grad[c.start:c.stop])  # the final gradient, copied
+        copied += c.size * 4
+        assert e["d2h_bytes"] >= copied  # by a device-to-host copy, not read from the device's memory
+    assert staged_bytes == grad.nbytes  # every chunk copied once, nothing more
+    assert (started_in_backward > 0) == wfbp
+
+
+@pytest.mark.parametrize("wfbp", [False, True], ids=["after-backward", "wait-free"])
+def test_cuda_aware_sends_read_the_device_buffers_after_a_synchronize(device, tmp_path, wfbp):
+    worker, comm = make_worker(tmp_path, "runtime.cuda_aware_mpi=true",
+                               f"runtime.wait_free_backprop={str(wfbp).lower()}")
+    assert not worker.staged
+    space = worker.model.space
+    chunk_bufs = [r.buf for r in worker.pushes[:len(worker.chunks)]] + [r.buf for r in worker.pulls[1:]]
+    assert all(isinstance(b, device.ndarray) for b in chunk_bufs)  # MPI reads and writes the device
+    assert all(np.shares_memory(r.buf, space.grad) for r in worker.pushes[:len(worker.chunks)])
+    assert all(np.shares_memory(r.buf, space.data) for r in worker.pulls[1:])
+    before = device.state.d2h_bytes
+    started_in_backward = push_once(worker)
+    sends = chunk_sends(worker, comm)
+    assert sorted(k for k, _ in sends) == list(range(len(worker.chunks)))
+    assert not any(e["pending"] for _, e in sends)  # no kernel still writing what MPI reads
+    grad = space.grad.view(np.ndarray)
+    for k, e in sends:
+        np.testing.assert_array_equal(e["values"], grad[worker.chunks[k].start:worker.chunks[k].stop])
+    assert device.state.d2h_bytes == before  # no staging copies
+    assert (started_in_backward > 0) == wfbp
+
+
+# -- whole runs ------------------------------------------------------------------------------------------
+
+ORACLE = ["sync.model=bsp", "stop.iterations=30", "optim.momentum=0.9", "straggler.enabled=false",
+          "runtime.chunk_bytes=4096"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("wire", [["runtime.wait_free_backprop=false"],
+                                  ["runtime.wait_free_backprop=true", "runtime.cuda_aware_mpi=true"]],
+                         ids=["staged", "cuda-aware-wfbp"])
+def test_bsp_on_the_fake_device_equals_the_numpy_oracle(tmp_path, wire):
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    env = {"PYTHONPATH": str(FAKE_PATH), fakecupy.DEVICES_ENV: "2", fakecupy.REPORT_ENV: str(reports)}
+    p = train(3, tmp_path / "gpu", "backend=cupy", *wire, *ORACLE, timeout=180, extra_env=env)
+    assert p.returncode == 0, p.stderr
+    o = local(tmp_path / "oracle", "sync.workers=2", *ORACLE)
+    assert o.returncode == 0, o.stderr
+    gpu, _ = read_model(tmp_path / "gpu" / "model.h5")
+    oracle, _ = read_model(tmp_path / "oracle" / "model.h5")
+    assert sorted(gpu) == sorted(oracle)
+    assert max(float(np.abs(gpu[k] - oracle[k]).max()) for k in gpu) <= 1e-5
+
+    summary = json.loads((tmp_path / "gpu" / "summary.json").read_text())
+    assert "cupy:" in json.dumps(summary)  # the workers say which device they trained on
+    by_rank = {int(r["rank"]): r for r in (json.loads(f.read_text()) for f in reports.glob("*.json"))}
+    workers = {rank: r for rank, r in by_rank.items() if rank >= 1}
+    assert sorted(workers) == [1, 2]
+    for rank, r in workers.items():  # one node: the node-local rank is the rank
+        assert r["device"] == rank % 2 and r["devices_used"] == [rank % 2]
+    nbytes = sum(a.size for a in gpu.values()) * 4
+    iterations = 30
+    for r in workers.values():
+        if "cuda_aware_mpi=true" in " ".join(wire):
+            assert r["d2h_bytes"] < nbytes  # no staging (a few scalars at most)
+        else:  # every pull copied in, every push copied out
+            assert r["h2d_bytes"] >= iterations * nbytes and r["d2h_bytes"] >= iterations * nbytes
