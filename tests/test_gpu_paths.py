@@ -238,3 +238,31 @@ def test_bsp_on_the_fake_device_equals_the_numpy_oracle(tmp_path, wire):
             assert r["d2h_bytes"] < nbytes  # no staging (a few scalars at most)
         else:  # every pull copied in, every push copied out
             assert r["h2d_bytes"] >= iterations * nbytes and r["d2h_bytes"] >= iterations * nbytes
+
+
+def test_bsp_with_factors_steps_the_layers_the_same_staged_or_on_the_device(device, tmp_path):
+    """BSP with ``comm.hybrid = sfb``: each worker steps the SFB layers itself, with the host optimizer.
+    With CUDA-aware MPI the weights it steps live on the device (``params_buf`` is the device buffer),
+    and the step must reach them there, equal to the staged worker's step on its host mirror."""
+    from ebsp_mpi.runtime.protocol import PULL_FIELDS
+
+    stepped = {}
+    for cuda_aware in ("false", "true"):
+        worker, _ = make_worker(tmp_path / cuda_aware, "comm.hybrid=sfb", "sync.model=bsp",
+                                f"runtime.cuda_aware_mpi={cuda_aware}")
+        assert worker.sfb_bsp and worker.sfb
+        if worker.staged:  # the pulled weights, as the first pull leaves them in the host mirror
+            worker.params_buf[...] = device.asnumpy(worker.model.space.data)
+        worker.opt._fused_step = None  # a real device array gives Numba no buffer: the ufunc path
+        rng = np.random.default_rng(1)
+        for a in worker.sfb:
+            worker.stacked.V[a.name][...] = rng.normal(size=worker.stacked.V[a.name].shape)
+            worker.stacked.U[a.name][...] = rng.normal(size=worker.stacked.U[a.name].shape)
+        worker.pull_header[len(PULL_FIELDS):] = 1  # both workers are members of the round
+        before = device.asnumpy(worker.model.space.data)
+        worker._step_sfb_layers(0)
+        weights = worker.params_buf.copy() if worker.staged else device.asnumpy(worker.params_buf)
+        for a in worker.sfb:
+            assert not np.array_equal(weights[a.params], before[a.params])  # the step was taken
+        stepped[cuda_aware] = weights
+    np.testing.assert_array_equal(stepped["true"], stepped["false"])

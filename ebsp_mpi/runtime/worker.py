@@ -245,7 +245,13 @@ class Worker:
         for a in self.sfb:
             V, U = self.stacked.of(a, members)
             rebuild_gradient(V, U, self.sfb_grad[a.name], scale=1.0 / len(members))
-            self.opt.step(self.params_buf[a.params], self.sfb_grad[a.name].reshape(-1), lr, offset=a.offset)
+            grad = self.sfb_grad[a.name].reshape(-1)
+            if self.staged or self.backend.name == "numpy":  # params_buf is host memory
+                self.opt.step(self.params_buf[a.params], grad, lr, offset=a.offset)
+            else:  # CUDA-aware MPI: the weights are on the device, the optimizer and its velocity on the host
+                weights = self.backend.to_host(self.params_buf[a.params])
+                self.opt.step(weights, grad, lr, offset=a.offset)
+                self.params_buf[a.params] = self.backend.asarray(weights)
 
     def _silent(self, sources: list[int], arrived: set[int]) -> str:
         """Who has sent nothing of the reply this worker waits for (the stall watchdog's message)."""
