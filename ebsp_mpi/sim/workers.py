@@ -45,6 +45,8 @@ class Parts:
     delay: np.ndarray
     push: np.ndarray
     up: np.ndarray
+    #: seconds the reply that stopped the worker took to reach it (replays only)
+    stop_down: float = 0.0
 
 
 class ModelWorkers:
@@ -140,7 +142,9 @@ class ReplayWorkers:
     def parts(self, w: int, start: np.ndarray, push: np.ndarray) -> Parts:
         p = self._parts[w]
         i = np.arange(len(start) + 1) % len(p.down)
-        return Parts(down=p.down[i], compute=p.compute[i], delay=p.delay[i], push=p.push[i], up=p.up[i])
+        down = p.down[i]
+        down[-1] = p.stop_down  # the stop reply's transit, as recorded (the first reply's carries start-up)
+        return Parts(down=down, compute=p.compute[i], delay=p.delay[i], push=p.push[i], up=p.up[i])
 
 
 def read_replay(run_dir: Path) -> list[Parts]:
@@ -182,6 +186,8 @@ def read_replay(run_dir: Path) -> list[Parts]:
         keep = [i for i, k in enumerate(it["iteration"].tolist()) if k in arrival and k < len(replies)]
         if not keep:
             raise UsageError(f"{where}: the server recorded no push and reply of worker {w}'s iterations")
+        # the stop reply: the reply after the last push, received when the last iteration ended
+        stop_down = float(max(0.0, it["t_end"][-1] - replies[len(it)])) if len(replies) > len(it) else 0.0
         it = it[keep]
         k = it["iteration"]
         a = np.array([arrival[i] for i in k.tolist()])
@@ -191,7 +197,8 @@ def read_replay(run_dir: Path) -> list[Parts]:
         push = np.maximum(it["t_push"] - it["t_compute_end"], 0.0)
         transit = np.maximum((a - r) - (compute + delay + push), 0.0)
         down = np.clip(it["t_start"] - r, 0.0, transit)
-        recorded.append(Parts(down=down, compute=compute, delay=delay, push=push, up=transit - down))
+        recorded.append(Parts(down=down, compute=compute, delay=delay, push=push, up=transit - down,
+                              stop_down=stop_down))
         if not np.all(np.isfinite(a - r)):
             raise UsageError(f"{where}: worker {w}'s recorded times are not finite")
     return recorded
