@@ -1,0 +1,220 @@
+#!/usr/bin/env bash
+# The GPU path on a machine with an NVIDIA GPU: CuPy workers, staging through host buffers, CUDA-aware
+# MPI where the library has it, and the layers against PyTorch. Run from anywhere:
+#
+#   OUT=/tmp/gpu-check .ci/gpu-check.sh            # every step
+#   STEPS="preflight tests" .ci/gpu-check.sh      # some of: preflight install tests train oracle cuda-aware bench
+#
+# Steps (each one's output in $OUT/<step>.log; one line per step in $OUT/summary.txt: ok, FAIL or skip):
+#   preflight   nvidia-smi, the interpreter, and which of numpy, mpi4py, cupy, torch import (versions)
+#   install     only where nvidia-smi finds a GPU, only what is missing: the gpu and test extras, torch,
+#               and MPICH (with pytest-mpi, in a venv over PYTHON's packages) where no mpiexec is found
+#   tests       python -m pytest -m gpu -x -q (the suite's CuPy cases), then the fake-device tests
+#   train       mpiexec -n 3 ... train --set backend=cupy (two workers sharing the GPU) for every sync
+#               model, wait-free backprop on and off, staged through host buffers
+#   oracle      BSP on CuPy against the single-process NumPy oracle: the models' largest difference
+#   cuda-aware  a CuPy array sent between two ranks; if it arrives intact, BSP with
+#               runtime.cuda_aware_mpi=true, wait-free backprop on and off (else: skip, and why)
+#   bench       python -m ebsp_mpi bench nn (with torch installed)
+#
+# Environment: PYTHON (default: .venv/bin/python where it runs, else python3), MPIEXEC (default: the
+# mpiexec beside PYTHON, else on PATH), PIP_INSTALL_ARGS (e.g. "--no-index --find-links /wheels" on an
+# offline machine; a .whl/ folder in the repository is then the only source, see below),
+# ITERATIONS (per worker, default 200), STEP_TIMEOUT (seconds per command, default 540), PACK=1 (leave
+# only summary.txt and gpu-check.tgz, everything else, in $OUT: the lent machine returns at most 8 files).
+# On the lent machine (10 minutes a command), e.g. three calls, each carrying .whl:
+#   STEPS="preflight install tests" PACK=1 .ci/gpu-check.sh
+#   STEPS="install train" PACK=1 .ci/gpu-check.sh
+#   STEPS="install oracle cuda-aware bench" PACK=1 .ci/gpu-check.sh
+# The exit status is the number of failed steps (0: all ok or skipped).
+#
+# On a lent machine that reaches nothing (its image has CuPy, torch, mpi4py, numba, h5py, scikit-learn
+# and pytest, but no MPI library), carry MPICH's wheel, fetched here beforehand:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 -d .whl mpich pytest-mpi
+#
+# A rehearsal on a CPU, with the tests' fake CuPy in place of the real one (it proves the script, not the GPU):
+#   PYTHONPATH=$PWD/tests/fakecupy_path ITERATIONS=20 OUT=/tmp/gpu-dry STEPS="tests train oracle cuda-aware" .ci/gpu-check.sh
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+
+OUT=${OUT:-$PWD/gpu-check-out}
+STEPS=${STEPS:-preflight install tests train oracle cuda-aware bench}
+ITERATIONS=${ITERATIONS:-200}
+STEP_TIMEOUT=${STEP_TIMEOUT:-540}
+mkdir -p "$OUT"
+: >"$OUT/summary.txt"
+failures=0
+
+if [[ -z ${PYTHON:-} ]]; then
+  if .venv/bin/python -c "" 2>/dev/null; then PYTHON=$PWD/.venv/bin/python; else PYTHON=$(command -v python3); fi
+fi
+if [[ -z ${MPIEXEC:-} ]]; then
+  if [[ -x $(dirname "$PYTHON")/mpiexec ]]; then MPIEXEC=$(dirname "$PYTHON")/mpiexec; else MPIEXEC=$(command -v mpiexec || echo mpiexec); fi
+fi
+# Open MPI refuses to start as root without these (containers); MPICH ignores them
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export PYTHONUNBUFFERED=1
+
+wanted() { [[ " $STEPS " == *" $1 "* ]]; }
+
+record() {  # record NAME STATUS SECONDS [NOTE]
+  printf '%-34s %-12s %5ss  %s\n' "$1" "$2" "$3" "${4:-}" | tee -a "$OUT/summary.txt"
+}
+
+run() {  # run NAME CMD...: one command, its output in $OUT/NAME.log, its status in the summary
+  local name=$1 t0=$SECONDS status=ok rc
+  shift
+  timeout "$STEP_TIMEOUT" "$@" >"$OUT/$name.log" 2>&1
+  rc=$?
+  if ((rc != 0)); then
+    status="FAIL(rc=$rc)"
+    failures=$((failures + 1))
+  fi
+  record "$name" "$status" $((SECONDS - t0)) "$(tail -n 1 "$OUT/$name.log" | cut -c1-110)"
+}
+
+imports() { "$PYTHON" -c "import $1" 2>/dev/null; }
+
+train() {  # train NAME OVERRIDE...: mpiexec -n 3 ... train on CuPy into $OUT/runs/NAME
+  local name=$1
+  shift
+  run "$name" "$MPIEXEC" -n 3 "$PYTHON" -m ebsp_mpi train -q --out "$OUT/runs/$name" --set backend=cupy \
+    --set stop.iterations="$ITERATIONS" --set stop.epochs=0 "$@"
+}
+
+if wanted preflight; then
+  {
+    nvidia-smi || echo "nvidia-smi: not found or failed"
+    echo "PYTHON=$PYTHON ($("$PYTHON" --version 2>&1))  MPIEXEC=$MPIEXEC"
+    "$MPIEXEC" --version 2>&1 | head -n 3
+    for m in numpy mpi4py numba h5py cupy torch ebsp_mpi; do
+      "$PYTHON" -c "import $m; print('$m', getattr($m, '__version__', '?'))" 2>&1 | tail -n 1
+    done
+    "$PYTHON" -c "import cupy; print('CUDA devices:', cupy.cuda.runtime.getDeviceCount(), \
+      'runtime', cupy.cuda.runtime.runtimeGetVersion(), 'driver', cupy.cuda.runtime.driverGetVersion())" 2>&1 | tail -n 1
+  } >"$OUT/preflight.log" 2>&1
+  record preflight ok 0 "see preflight.log"
+fi
+
+if wanted install && ! nvidia-smi >/dev/null 2>&1; then
+  record install skip 0 "no GPU here (nvidia-smi fails): nothing installed"
+elif wanted install; then
+  # The device image may hold CuPy and torch already (a CUDA 13 image has cupy-cuda13x where the gpu
+  # extra names cupy-cuda12x): install only what is missing. Wheels in .whl/ (carried to an offline
+  # machine) are the only source when that folder exists.
+  pip_args=()
+  [[ -d .whl ]] && pip_args=(--no-index --find-links "$PWD/.whl")
+  # shellcheck disable=SC2206  # PIP_INSTALL_ARGS is a list of words on purpose
+  pip_args+=(${PIP_INSTALL_ARGS:-})
+  if imports "cupy, mpi4py, numba, h5py, sklearn, pytest"; then
+    record install-gpu-extra skip 0 "cupy, mpi4py, numba, h5py, sklearn and pytest import already"
+  else
+    run install-gpu-extra "$PYTHON" -m pip install "${pip_args[@]}" -e ".[gpu,test]"
+  fi
+  if imports torch; then
+    record install-torch skip 0 "torch imports already"
+  else
+    run install-torch "$PYTHON" -m pip install "${pip_args[@]}" torch
+  fi
+  venv=/tmp/ebsp-gpu-venv  # kept while the machine stays warm: a later call finds it
+  if [[ -x $venv/bin/mpiexec ]]; then
+    record install-mpi skip 0 "$venv from an earlier call"
+  elif [[ -x $MPIEXEC ]] || command -v "$MPIEXEC" >/dev/null; then
+    record install-mpi skip 0 "$MPIEXEC is there"
+    venv=
+  else  # MPICH's wheel in a venv that sees the image's packages: mpiexec, and libmpi for mpi4py
+    run install-mpi bash -c "'$PYTHON' -m venv --system-site-packages $venv && \
+      $venv/bin/python -m pip install ${pip_args[*]} mpich pytest-mpi"
+  fi
+  if [[ -n $venv ]]; then
+    PYTHON=$venv/bin/python MPIEXEC=$venv/bin/mpiexec
+    export LD_LIBRARY_PATH=$venv/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  fi
+fi
+
+if wanted tests; then
+  run pytest-gpu "$PYTHON" -m pytest -m gpu -x -q -p no:cacheprovider
+  # the fake-device tests too: they must pass where the real CuPy is installed
+  run pytest-gpu-paths "$PYTHON" -m pytest -x -q -p no:cacheprovider tests/test_gpu_paths.py \
+    tests/test_backend_env.py tests/test_nn_backends.py
+fi
+
+if wanted train; then
+  for model in bsp asp ssp dssp elasticbsp psp; do
+    for wfbp in false true; do
+      train "train-$model-wfbp-$wfbp" --set sync.model="$model" --set runtime.wait_free_backprop="$wfbp"
+    done
+  done
+fi
+
+if wanted oracle; then
+  oracle=(--set sync.model=bsp --set stop.iterations=40 --set stop.epochs=0 --set optim.momentum=0.9
+          --set straggler.enabled=false)
+  run oracle-numpy "$PYTHON" -m ebsp_mpi train -q --out "$OUT/runs/oracle-numpy" --set backend=numpy \
+    --set sync.workers=2 "${oracle[@]}"
+  for wfbp in false true; do
+    run "oracle-cupy-wfbp-$wfbp" "$MPIEXEC" -n 3 "$PYTHON" -m ebsp_mpi train -q --out "$OUT/runs/oracle-cupy-wfbp-$wfbp" \
+      --set backend=cupy --set runtime.wait_free_backprop="$wfbp" "${oracle[@]}"
+    run "oracle-compare-wfbp-$wfbp" "$PYTHON" - "$OUT/runs/oracle-numpy" "$OUT/runs/oracle-cupy-wfbp-$wfbp" <<'EOF'
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ebsp_mpi.outputs import read_model
+
+a, _ = read_model(Path(sys.argv[1]) / "model.h5")
+b, _ = read_model(Path(sys.argv[2]) / "model.h5")
+diff = max(float(np.abs(a[k] - b[k]).max()) for k in a)
+print(f"BSP on CuPy against the NumPy oracle: largest difference {diff:.3g} (tolerance 1e-4)")
+sys.exit(0 if sorted(a) == sorted(b) and diff <= 1e-4 else 1)
+EOF
+  done
+fi
+
+if wanted cuda-aware; then
+  probe=$OUT/cuda-aware-probe.py
+  cat >"$probe" <<'EOF'
+# Two ranks: rank 0 sends a CuPy array straight from device memory; a CUDA-aware MPI delivers it intact,
+# one that is not reads a device pointer as host memory (garbage, or a crash).
+import cupy
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+a = cupy.arange(1 << 20, dtype=cupy.float32) if comm.rank == 0 else cupy.zeros(1 << 20, dtype=cupy.float32)
+cupy.cuda.get_current_stream().synchronize()
+if comm.rank == 0:
+    comm.Send([a, MPI.FLOAT], dest=1)
+else:
+    comm.Recv([a, MPI.FLOAT], source=0)
+    ok = bool((a == cupy.arange(1 << 20, dtype=cupy.float32)).all())
+    print("CUDA-aware MPI:", "yes" if ok else "no (wrong values)")
+    raise SystemExit(0 if ok else 1)
+EOF
+  t0=$SECONDS
+  if timeout 120 "$MPIEXEC" -n 2 "$PYTHON" "$probe" >"$OUT/cuda-aware-probe.log" 2>&1; then
+    record cuda-aware-probe ok $((SECONDS - t0)) "$(tail -n 1 "$OUT/cuda-aware-probe.log")"
+    for wfbp in false true; do
+      train "train-bsp-cuda-aware-wfbp-$wfbp" --set sync.model=bsp --set runtime.cuda_aware_mpi=true \
+        --set runtime.wait_free_backprop="$wfbp"
+    done
+  else
+    record cuda-aware-probe skip $((SECONDS - t0)) "this MPI is not CUDA-aware (see cuda-aware-probe.log)"
+  fi
+fi
+
+if wanted bench; then
+  if imports torch; then
+    run bench-nn "$PYTHON" -m ebsp_mpi bench --json "$OUT/bench-nn.json" nn
+  else
+    record bench-nn skip 0 "torch does not import"
+  fi
+fi
+
+echo "$failures failed step(s); logs in $OUT" | tee -a "$OUT/summary.txt"
+if [[ ${PACK:-0} == 1 ]]; then  # the lent machine returns few files: one archive beside the summary
+  tar czf /tmp/gpu-check.tgz -C "$OUT" --exclude=./summary.txt . &&
+    find "$OUT" -mindepth 1 ! -name summary.txt -delete && mv /tmp/gpu-check.tgz "$OUT/"
+fi
+exit "$failures"
