@@ -112,14 +112,17 @@ class ServerWork:
         self.opt.step(params[piece], mean, self.lr, offset=c.start)
 
 
-def raw_round_trips(comm, size: int, chunks: list, iterations: int, work: ServerWork | None = None) -> list[float]:
-    """Push + pull of `size` float32 in `chunks` between ranks 1.. and rank 0 with plain MPI.
+def raw_round_trips(comm, size: int, chunks: list, iterations: int, work: ServerWork | None = None,
+                    servers: int = 1, owner: list[int] | None = None) -> list[float]:
+    """Push + pull of `size` float32 in `chunks` between the workers (ranks `servers`..) and the
+    servers (ranks 0..`servers`-1) with plain MPI: each chunk to and from its `owner` (default rank 0),
+    the header to every server, the reply's header from rank 0, as the runtime does.
 
-    Rank 0 keeps the next push's receives posted before it answers (as the server does), so every
-    message meets a posted receive. With `work` (rank 0), rank 0 also does the server's work between
-    the push and the reply: it checks every gradient, then updates the parameters chunk by chunk and
-    sends each chunk as soon as it is updated, as ``Server._apply_round`` does. Returns each
-    iteration's seconds on a worker, nothing on rank 0.
+    A server keeps the next push's receives posted before it answers (as the runtime's do), so every
+    message meets a posted receive. With `work` (one server), rank 0 also does the server's work
+    between the push and the reply: it checks every gradient, then updates the parameters chunk by
+    chunk and sends each chunk as soon as it is updated, as ``ShardStore.apply_round`` does. Returns
+    each iteration's seconds on a worker, nothing on a server.
 
     Every buffer holds data, as the runtime's do (its workers push a gradient of 1e-3). A buffer that is
     allocated zeroed and never written is backed by the kernel's one shared zero page, and a copy from
@@ -130,9 +133,11 @@ def raw_round_trips(comm, size: int, chunks: list, iterations: int, work: Server
 
     from ..runtime.protocol import PULL_FIELDS, PUSH_FIELDS, header
 
-    rank, n = comm.Get_rank(), comm.Get_size() - 1
+    rank, n = comm.Get_rank(), comm.Get_size() - servers
+    owner = owner or [0] * len(chunks)
     push_tag, pull_tag = RAW_TAG0, RAW_TAG0 + 1
-    if rank == 0:
+    if rank < servers:
+        mine = [c for k, c in enumerate(chunks) if owner[k] == rank]
         grads = [_filled(size) for _ in range(n)]
         heads = [header(PUSH_FIELDS) for _ in range(n)]
         params, reply = _filled(size), header(PULL_FIELDS)
@@ -140,20 +145,20 @@ def raw_round_trips(comm, size: int, chunks: list, iterations: int, work: Server
         def post():
             reqs = []
             for w in range(n):
-                reqs += [comm.Irecv([grads[w][c.start:c.stop], MPI.FLOAT], w + 1, c.tag) for c in chunks]
-                reqs.append(comm.Irecv([heads[w], MPI.DOUBLE], w + 1, push_tag))
+                reqs += [comm.Irecv([grads[w][c.start:c.stop], MPI.FLOAT], servers + w, c.tag) for c in mine]
+                reqs.append(comm.Irecv([heads[w], MPI.DOUBLE], servers + w, push_tag))
             return reqs
 
         recvs = post()
         for i in range(iterations):
             MPI.Request.Waitall(recvs)
             recvs = post() if i + 1 < iterations else []
-            sends = [comm.Isend([reply, MPI.DOUBLE], w + 1, pull_tag) for w in range(n)]
+            sends = [comm.Isend([reply, MPI.DOUBLE], servers + w, pull_tag) for w in range(n)] if rank == 0 else []
             apply = work is not None and work.check(grads)
-            for c in chunks:
+            for c in mine:
                 if apply:
                     work.step(grads, params, c)
-                sends += [comm.Isend([params[c.start:c.stop], MPI.FLOAT], w + 1, c.tag) for w in range(n)]
+                sends += [comm.Isend([params[c.start:c.stop], MPI.FLOAT], servers + w, c.tag) for w in range(n)]
             MPI.Request.Waitall(sends)
         return []
     grad, params = _filled(size), _filled(size)
@@ -162,9 +167,9 @@ def raw_round_trips(comm, size: int, chunks: list, iterations: int, work: Server
     for _ in range(iterations):
         t = time.perf_counter()
         reqs = [comm.Irecv([reply, MPI.DOUBLE], 0, pull_tag)]
-        reqs += [comm.Irecv([params[c.start:c.stop], MPI.FLOAT], 0, c.tag) for c in chunks]
-        reqs += [comm.Isend([grad[c.start:c.stop], MPI.FLOAT], 0, c.tag) for c in chunks]
-        reqs.append(comm.Isend([head, MPI.DOUBLE], 0, push_tag))
+        reqs += [comm.Irecv([params[c.start:c.stop], MPI.FLOAT], owner[k], c.tag) for k, c in enumerate(chunks)]
+        reqs += [comm.Isend([grad[c.start:c.stop], MPI.FLOAT], owner[k], c.tag) for k, c in enumerate(chunks)]
+        reqs += [comm.Isend([head, MPI.DOUBLE], s, push_tag) for s in range(servers)]
         MPI.Request.Waitall(reqs)
         times.append(time.perf_counter() - t)
     return times
@@ -310,55 +315,6 @@ def round_trip_case(world_comm, params: int, k: int, args) -> tuple[list[dict], 
 
 # -- sharded servers ---------------------------------------------------------------------------------
 
-def raw_sharded_round_trips(ctx, layout, iterations: int) -> list[float]:
-    """Push + pull with plain MPI between ``ctx.servers`` servers and the workers after them, moving what
-    the runtime moves with ``runtime.servers``: each chunk to and from its owner, the header to every
-    server, the reply's header from rank 0; blocking ``Waitall``, nothing computed. Returns each
-    iteration's seconds on a worker, nothing on a server."""
-    from mpi4py import MPI
-
-    from ..runtime.protocol import PULL_FIELDS, PUSH_FIELDS, header
-
-    comm, servers, n = ctx.comm, ctx.servers, ctx.workers
-    chunks, owner = layout.chunks, layout.owner
-    size = layout.shards[-1].hi
-    push_tag, pull_tag = RAW_TAG0, RAW_TAG0 + 1
-    if ctx.rank < servers:
-        mine = [c for k, c in enumerate(chunks) if owner[k] == ctx.rank]
-        grads = [_filled(size) for _ in range(n)]
-        heads = [header(PUSH_FIELDS) for _ in range(n)]
-        params, reply = _filled(size), header(PULL_FIELDS)
-
-        def post():
-            reqs = []
-            for w in range(n):
-                reqs += [comm.Irecv([grads[w][c.start:c.stop], MPI.FLOAT], servers + w, c.tag) for c in mine]
-                reqs.append(comm.Irecv([heads[w], MPI.DOUBLE], servers + w, push_tag))
-            return reqs
-
-        recvs = post()
-        for i in range(iterations):
-            MPI.Request.Waitall(recvs)
-            recvs = post() if i + 1 < iterations else []
-            sends = [comm.Isend([reply, MPI.DOUBLE], servers + w, pull_tag) for w in range(n)] if ctx.rank == 0 else []
-            for c in mine:
-                sends += [comm.Isend([params[c.start:c.stop], MPI.FLOAT], servers + w, c.tag) for w in range(n)]
-            MPI.Request.Waitall(sends)
-        return []
-    grad, params = _filled(size), _filled(size)
-    head, reply = header(PUSH_FIELDS), header(PULL_FIELDS)
-    times = []
-    for _ in range(iterations):
-        t = time.perf_counter()
-        reqs = [comm.Irecv([reply, MPI.DOUBLE], 0, pull_tag)]
-        reqs += [comm.Irecv([params[c.start:c.stop], MPI.FLOAT], owner[k], c.tag) for k, c in enumerate(chunks)]
-        reqs += [comm.Isend([grad[c.start:c.stop], MPI.FLOAT], owner[k], c.tag) for k, c in enumerate(chunks)]
-        reqs += [comm.Isend([head, MPI.DOUBLE], s, push_tag) for s in range(servers)]
-        MPI.Request.Waitall(reqs)
-        times.append(time.perf_counter() - t)
-    return times
-
-
 def sharded_case(world_comm, params: int, servers: int, k: int, args) -> list[dict]:
     """Ranks 0..servers+k-1, for `params` parameters: raw MPI and the runtime with ``runtime.servers =
     servers`` and `k` workers (raw MPI before and after the runtime). Returns the record on rank 0."""
@@ -375,12 +331,12 @@ def sharded_case(world_comm, params: int, servers: int, k: int, args) -> list[di
                       [*args.set, f"runtime.servers={servers}"])
         layout = make_layout(ctx, job, build.model(job, build.dataset(job)))
         total = args.warmup + args.iterations
-        raw = raw_sharded_round_trips(ctx, layout, total)[args.warmup:]
+        size = layout.shards[-1].hi
+        raw = raw_round_trips(ctx.comm, size, layout.chunks, total, servers=servers, owner=layout.owner)[args.warmup:]
         ours, _, _ = runtime_round_trips(ctx, job, args.warmup)
-        raw += raw_sharded_round_trips(ctx, layout, total)[args.warmup:]
+        raw += raw_round_trips(ctx.comm, size, layout.chunks, total, servers=servers, owner=layout.owner)[args.warmup:]
         raw = ctx.comm.gather(raw, root=0)
         if ctx.rank == 0:
-            size = layout.shards[-1].hi
             ours_med = float(np.median([t for times in ours for t in times[args.warmup:]]))
             raw_med = float(np.median([t for times in raw[servers:] for t in times]))
             moved = k * 2 * 4 * size
