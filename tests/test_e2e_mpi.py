@@ -14,6 +14,7 @@ import pytest
 
 from ebsp_mpi.outputs import SUMMARY_KEYS, read_model
 from ebsp_mpi.trace import read_run
+from datafiles import write_poisoned
 from mpirun import local, signal_rank_mid_run, train, watchdog_flags
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
@@ -108,14 +109,7 @@ def test_nan_gradients_are_rejected_counted_and_never_applied(tmp_path):
     """One sample near float32's largest value in worker 1's shard overflows its layer's output to inf
     and poisons one push per epoch with NaN; the server drops each. (NaN or Inf in the data itself is
     refused at load time.)"""
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(200, 8)).astype(np.float32)
-    x[5, :] = 3e38  # strided shards: sample 5 belongs to worker 1 of 2
-    data = tmp_path / "data.h5"
-    with h5py.File(data, "w") as f:
-        f["x"], f["y"] = x, rng.integers(0, 3, size=200)
-        f["x_test"], f["y_test"] = x[:20] + 0 * x[:20], rng.integers(0, 3, size=20)
-        f["x_test"][5] = 0.0
+    data = write_poisoned(tmp_path / "data.h5")
     out = tmp_path / "run"
     # 100 samples per shard, batches of 10: 10 iterations per epoch, so 2 poisoned pushes in 20 iterations
     p = train(3, out, "data.name=hdf5", f"data.path={data}", "data.normalize=false", "data.batch_size=10",

@@ -13,13 +13,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import h5py
 import numpy as np
 import pytest
 
 from ebsp_mpi.outputs import read_model
 from ebsp_mpi.runtime.protocol import owner_of_chunks, plan_chunks, plan_shards
 from ebsp_mpi.trace import read_run
+from datafiles import write_poisoned
 from mpirun import child_env, local, mpiexec, signal_rank_mid_run, train, watchdog_flags
 
 ORACLE = ["sync.model=bsp", "stop.iterations=40", "optim.momentum=0.9", "optim.weight_decay=5e-4",
@@ -148,13 +148,7 @@ def test_ssp_with_two_servers_never_starts_an_iteration_beyond_the_staleness_bou
 def test_a_bad_push_is_applied_on_no_shard_and_counted_once(tmp_path):
     """A sample near float32's largest value in worker 1's shard poisons one push per epoch: the
     worker's header says so, and every server drops it (as with one server)."""
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(200, 8)).astype(np.float32)
-    x[5, :] = 3e38  # strided shards: sample 5 belongs to worker 1 of 2
-    data = tmp_path / "data.h5"
-    with h5py.File(data, "w") as f:
-        f["x"], f["y"] = x, rng.integers(0, 3, size=200)
-        f["x_test"], f["y_test"] = np.where(x[:20] > 1e30, 0, x[:20]), rng.integers(0, 3, size=20)
+    data = write_poisoned(tmp_path / "data.h5")
     out = tmp_path / "run"
     p = train(4, out, "runtime.servers=2", "data.name=hdf5", f"data.path={data}", "data.normalize=false",
               "data.batch_size=10", "sync.model=asp", "stop.iterations=20", "straggler.enabled=false")
