@@ -6,7 +6,8 @@ manifest (``sweep.json``), so ``compare`` and ``report`` read it as a sweep, and
 
 - ``scaling.csv``, ``scaling.md``: one row per member: model, workers, pushes, simulated seconds per
   1,000 pushes and against ASP at the same n (the time a model without waiting needs for as many
-  pushes), the share of the workers' time spent waiting, staleness (mean, 99th percentile, max), and
+  pushes), the share of the workers' time spent waiting, staleness (mean, also divided by n: every
+  push is a version, so staleness in versions grows with n; 99th percentile, max), and
   for ElasticBSP the barriers' median r, predicted and observed spread;
 - ``scaling.png``: those figures against n, one line per model.
 
@@ -26,8 +27,8 @@ from ..errors import UsageError
 
 #: columns of scaling.csv, in order
 COLUMNS = ("member", "model", "workers", "pushes", "simulated_s", "s_per_1000_pushes", "vs_asp", "wait_share",
-           "staleness_mean", "staleness_p99", "staleness_max", "barriers", "r_median", "predicted_spread_ms",
-           "observed_spread_ms", "simulation_s")
+           "staleness_mean", "staleness_rounds", "staleness_p99", "staleness_max", "barriers", "r_median",
+           "predicted_spread_ms", "observed_spread_ms", "simulation_s")
 
 
 def run_sweep(path: str, out: str | None, show_progress: bool = True) -> Path:
@@ -109,7 +110,9 @@ def scaling_rows(out_dir: Path) -> list[dict]:
             "s_per_1000_pushes": 1000 * per_push,
             "vs_asp": per_push / asp[s["workers"]] if s["workers"] in asp else math.nan,
             "wait_share": waited / (waited + busy) if waited + busy > 0 else math.nan,
-            "staleness_mean": staleness.get("mean", math.nan), "staleness_p99": staleness.get("p99", math.nan),
+            "staleness_mean": staleness.get("mean", math.nan),
+            "staleness_rounds": staleness.get("mean", math.nan) / s["workers"],
+            "staleness_p99": staleness.get("p99", math.nan),
             "staleness_max": staleness.get("max", math.nan), "barriers": s["barriers"],
             "r_median": spread.get("r_median", math.nan),
             "predicted_spread_ms": 1000 * spread.get("predicted_median_s", math.nan),
@@ -125,7 +128,7 @@ def _cell(column: str, value) -> str:
             return "—"
         if column in ("wait_share",):
             return f"{value:.1%}"
-        if column in ("vs_asp", "staleness_mean", "s_per_1000_pushes"):
+        if column in ("vs_asp", "staleness_mean", "staleness_rounds", "s_per_1000_pushes"):
             return f"{value:.3f}"
         return f"{value:.1f}"
     return str(value)
@@ -140,7 +143,7 @@ def write_table(rows: list[dict], out_dir: Path) -> None:
         writer.writeheader()
         writer.writerows(rows)
     shown = ("model", "workers", "pushes", "s_per_1000_pushes", "vs_asp", "wait_share", "staleness_mean",
-             "staleness_p99", "staleness_max", "r_median", "predicted_spread_ms", "observed_spread_ms")
+             "staleness_rounds", "staleness_max", "r_median", "predicted_spread_ms", "observed_spread_ms")
     lines = ["| " + " | ".join(shown) + " |", "|" + "|".join("---" for _ in shown) + "|"]
     lines += ["| " + " | ".join(_cell(c, r[c]) for c in shown) + " |" for r in rows]
     (out_dir / "scaling.md").write_text("\n".join(lines) + "\n")
@@ -158,7 +161,7 @@ def scaling_figure(rows: list[dict], path: Path) -> None:
     axes = fig.subplots(2, 2).ravel()
     panels = (("vs_asp", "time per push / ASP's (1 = no waiting)", False),
               ("wait_share", "share of the workers' time spent waiting", False),
-              ("staleness_mean", "mean staleness (versions)", True))
+              ("staleness_rounds", "mean staleness / workers (versions per worker)", False))
     for ax, (column, title, log) in zip(axes, panels, strict=False):
         for m in models:
             mine = sorted((r["workers"], r[column]) for r in rows if r["model"] == m)
