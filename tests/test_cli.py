@@ -104,6 +104,23 @@ def test_sweep_files_load_and_every_member_validates():
         check_members(sweep, resolve_ranks(sweep, None))
 
 
+def test_simulation_sweep_files_load_and_every_member_names_its_workers():
+    """``jobs/simulations/``: sweeps for ``simulate --sweep``, whose members each set their number of
+    virtual workers (no MPI ranks)."""
+    from pathlib import Path
+
+    from ebsp_mpi.config import load_job
+    from ebsp_mpi.sweep.spec import load_sweep
+
+    sweeps = sorted((Path(__file__).parents[1] / "jobs" / "simulations").glob("*.toml"))
+    assert sweeps
+    for path in sweeps:
+        sweep = load_sweep(path)
+        assert sweep.members, path
+        for m in sweep.members:
+            assert load_job(str(sweep.base) if sweep.base else None, m.overrides).sync.workers >= 1, m.name
+
+
 def test_cnn_job_on_digits_reaches_95_percent(tmp_path):
     from pathlib import Path
 

@@ -4,7 +4,7 @@
 
     python -m ebsp_mpi simulate JOB.toml --workers 1024 --iterations 200 --out /tmp/sim
     python -m ebsp_mpi simulate --replay RUN_DIR --out /tmp/replayed      # the run's own job and times
-    python -m ebsp_mpi simulate --sweep jobs/sweeps/simulate-scaling.toml --out /tmp/scaling
+    python -m ebsp_mpi simulate --sweep jobs/simulations/scaling.toml --out /tmp/scaling
 
 ``JOB`` and ``--set`` as for ``train``. The iteration times come from the job's straggler model
 (``straggler.base_s`` and the rest), or with ``--replay`` from a recorded run's traces. The run stops
