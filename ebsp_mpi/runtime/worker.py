@@ -27,7 +27,7 @@ from .. import build
 from ..backend import resolve_backend
 from ..config import JobConfig
 from ..nn.factors import FactorSpace, rebuild_gradient
-from ..nn.kernels import all_finite
+from ..nn.kernels import all_finite, warm_up
 from ..straggler import straggler_model
 from .comm import Context, Silence, open_rank_trace, wait_all
 from .faults import fault_for
@@ -57,6 +57,7 @@ class Worker:
         self.params_buf = space.data if direct else np.empty(space.size, dtype=np.float32)
         self.grad_buf = space.grad if direct else np.empty(space.size, dtype=np.float32)
         self.staged = not direct
+        warm_up()  # the NaN/Inf check of every pushed chunk: compiled now, not in the first (timed) push
         self.layout = layout = make_layout(ctx, job, self.model)
         chunks, owner = layout.chunks, layout.owner
         self.chunk_elems = layout.chunk_bytes // self.grad_buf.itemsize
