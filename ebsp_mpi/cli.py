@@ -116,6 +116,20 @@ def _resumed_job(args, world_size: int):
     return job, workers
 
 
+def _refuse_on_demand_layers(job) -> None:
+    """A plan that fetches layers on demand cannot be trained yet (docs/osdp.md, "Running a plan"):
+    say so rather than train every layer resident above the limit the plan was made for."""
+    if not job.osdp.plan:
+        return
+    from .plan.osdp_files import read_plan
+
+    fetched = [layer["name"] for layer in read_plan(job.osdp.plan).get("layers", []) if layer.get("mode") != "resident"]
+    if fetched:
+        raise UsageError(f"osdp.plan = {job.osdp.plan!r} fetches {', '.join(fetched)} on demand, which training does "
+                         f"not do yet (the planner does: docs/osdp.md); leave osdp.plan empty to train every layer "
+                         f"resident")
+
+
 def _train(args) -> int:
     from .runtime.env import world_size_from_env
     from .runtime.faults import FAULT_ENV, parse_fault
@@ -127,6 +141,7 @@ def _train(args) -> int:
         job = load_job(args.job, args.overrides)
         workers = check_workers(job, world_size)
     parse_fault(os.environ.get(FAULT_ENV, ""), world_size)  # a bad value is one line here, not a rank's crash
+    _refuse_on_demand_layers(job)
     out = args.resume or args.out
     if world_size > 1:
         from .runtime.launch import run_mpi
