@@ -63,7 +63,6 @@ class ShardServer:
         self.alive_buf = np.zeros(1)
         self.keepalive = ctx.comm.Recv_init([self.alive_buf, MPI.DOUBLE], 0, ALIVE_TAG)
         self.sends: list = []  # keep-alives and snapshots in flight, with their buffers
-        self.snapshots: list[np.ndarray] = []
         self.ended = False
         self.trace = open_rank_trace(ctx, job, run_dir, role="server", backend="numpy", device="cpu",
                                      append=resume is not None)
@@ -106,11 +105,10 @@ class ShardServer:
         comm, status, took = self.ctx.comm, MPI.Status(), False
         while comm.Iprobe(0, ORDER_TAG, status):
             count = status.Get_count(MPI.DOUBLE)
-            if count % ORDER_WIDTH or count > self.order_buf.size:
-                if count % ORDER_WIDTH == 0:
-                    self.order_buf = np.empty(count)
-                else:
-                    raise ProtocolError(f"orders of {count} values from rank 0 (not rows of {ORDER_WIDTH})")
+            if count % ORDER_WIDTH:
+                raise ProtocolError(f"orders of {count} values from rank 0 (not rows of {ORDER_WIDTH})")
+            if count > self.order_buf.size:  # a decision that released many workers at once
+                self.order_buf = np.empty(count)
             comm.Recv([self.order_buf[:count], MPI.DOUBLE], 0, ORDER_TAG)
             rows = self.order_buf[:count].reshape(-1, ORDER_WIDTH)
             self.queue.extend((OP.get(int(op)), int(a), int(b)) for op, a, b in rows)
