@@ -91,14 +91,14 @@ def test_short_push_is_a_protocol_error_not_a_hang(ctx):
         try:
             while time.monotonic() < deadline:
                 server._serve_pushes()
-                server._complete_replies()
+                server.store.complete_replies()
         except ProtocolError as e:
             message = str(e)
-        for r in server.recvs:  # leave no receive posted behind
+        for r in server.store.recvs:  # leave no receive posted behind
             if r.Test() is False:
                 r.Cancel()
                 r.Wait()
-        for reply in server.replies:
+        for reply in server.store.replies:
             MPI.Request.Waitall(reply.requests)
     else:
         # a real worker receives the initial weights; then rank 1 sends a first chunk one value short
