@@ -69,7 +69,7 @@ def test_a_sampled_barrier_waits_less_than_ssp_under_a_straggler():
     """One worker 4x slower than 31 others, s = 3: SSP holds everyone for it; PSP with a sample of 2
     holds a worker only when its sample lags. The gain is modest: a held worker's count does not
     advance either, so chains of samples pass the straggler's pace on (32 workers x 40 iterations:
-    2766 s of waiting against SSP's 3255)."""
+    2763 s of waiting against SSP's 3255)."""
     intervals = [1.0] * 31 + [4.0]
     ssp = simulate(SSP(32, staleness=3), intervals, 40)
     psp = simulate(PSP(32, sample=2, staleness=3, seed=3), intervals, 40)
