@@ -429,11 +429,11 @@ def main(argv=None, records: list | None = None) -> int:
     sizes = parse_sizes(args.sizes)
     comm = world()
     n = comm.Get_size() - 1
-    counts = _worker_counts(args.workers, n)
-    server_counts = _server_counts(args.servers, n)
+    counts = _counts("--workers", args.workers, n, list(range(1, n + 1)))
+    server_counts = _counts("--servers", args.servers, n, [])
     logging.getLogger("ebsp_mpi.runtime").setLevel(logging.WARNING)
     if server_counts:
-        return _main_sharded(comm, sizes, server_counts, args, records)
+        return _main_sharded(comm, sizes, server_counts, counts, args, records)
 
     trips: list[dict] = []
     ceilings: list[dict] = []
@@ -485,14 +485,15 @@ def main(argv=None, records: list | None = None) -> int:
 
 
 
-def _main_sharded(comm, sizes: list[int], server_counts: list[int], args, records: list | None) -> int:
-    """``--servers``: the round trip with k servers and every number of workers the ranks allow."""
+def _main_sharded(comm, sizes: list[int], server_counts: list[int], workers: list[int], args,
+                  records: list | None) -> int:
+    """``--servers``: the round trip with k servers and each number of `workers` the ranks allow."""
     n = comm.Get_size() - 1
     trips: list[dict] = []
     with abort_on_failure():
         for size in sizes:
             for servers in server_counts:
-                for k in _worker_counts(args.workers, n + 1 - servers):
+                for k in [k for k in workers if k <= n + 1 - servers]:  # as many as the ranks leave
                     trips += sharded_case(comm, size, servers, k, args)
         idle_barrier(comm)
     if comm.Get_rank() == 0:
@@ -514,31 +515,19 @@ def _main_sharded(comm, sizes: list[int], server_counts: list[int], args, record
     return 0
 
 
-def _server_counts(text: str, n: int) -> list[int]:
-    """``--servers 1,2,4`` -> [1, 2, 4]: each in 1..n (at least one worker left); empty: not asked."""
-    try:
-        counts = [int(k) for k in text.split(",") if k.strip()]
-    except ValueError:
-        counts = [0]
-    if any(not 1 <= k <= n for k in counts):
-        raise UsageError(f"--servers {text}: expected numbers in 1..{n} (one rank at least is left for a "
-                         f"worker), comma-separated")
-    return counts
-
-
 def _short(case: str) -> str:
     """``round trip 1,000,010 params (3.81 MiB), 2 worker(s)`` -> ``1,000,010 params x 2``."""
     params, workers = case.removeprefix("round trip ").split(" (")[0], case.split(", ")[-1].split(" ")[0]
     return f"{params} x {workers}"
 
 
-def _worker_counts(text: str, n: int) -> list[int]:
-    """``--workers 1,2`` -> [1, 2]; every count in 1..n (default: all of them)."""
+def _counts(option: str, text: str, n: int, default: list[int]) -> list[int]:
+    """``--workers 1,2`` -> [1, 2]: comma-separated numbers, each in 1..n (`default` when empty)."""
     try:
-        counts = [int(k) for k in text.split(",") if k.strip()] or list(range(1, n + 1))
+        counts = [int(k) for k in text.split(",") if k.strip()] or default
     except ValueError:
         counts = [0]
     if any(not 1 <= k <= n for k in counts):
-        raise UsageError(f"--workers {text}: expected numbers in 1..{n} (the ranks after the server), "
-                         f"comma-separated")
+        raise UsageError(f"{option} {text}: expected numbers in 1..{n} (one rank at least is left for a "
+                         f"server and one for a worker), comma-separated")
     return counts
