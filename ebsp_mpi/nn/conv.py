@@ -80,12 +80,18 @@ class Conv2D(Layer):
     def bind(self, space: ParamSpace) -> None:
         super().bind(space)
         w, b = self.tensor_names
+        self.bind_arrays(space.param(w), space.param(b), space.grad_of(w), space.grad_of(b))
+
+    def bind_arrays(self, W, b, dW, db) -> None:
+        """Compute with these arrays as ``W``, ``b`` and their gradients (``bind`` takes them from a
+        ParamSpace; an OSDP on-demand layer from its fetch buffer, the gradients over the weights)."""
         o = self.out_channels
-        self.W2 = space.param(w).reshape(o, -1)       # (O, K) views: K = C*kh*kw
-        self.b = space.param(b)
-        self.dW2 = space.grad_of(w).reshape(o, -1)
-        self.db = space.grad_of(b)
-        self._bufs = {}
+        self.W2 = W.reshape(o, -1)       # (O, K) views: K = C*kh*kw
+        self.b = b
+        self.dW2 = dW.reshape(o, -1)
+        self.db = db
+        if not hasattr(self, "_bufs"):
+            self._bufs = {}
 
     def _scratch(self, name, shape, zero=False, keep=True):
         """A buffer kept between training steps (re-made when the shape changes), so that large
@@ -144,7 +150,10 @@ class Conv2D(Layer):
             self._cols = cols
         return y
 
-    def backward(self, dy, need_dx=True):
+    def backward(self, dy, need_dx=True, dx_first=False):
+        """Gradients of W and b, and ``dx`` when `need_dx`. With `dx_first` the column gradient (which
+        reads W) is computed before ``dW`` is written: ``dW`` may then share W's memory (OSDP's
+        on-demand layers write their gradient over the weights they fetched)."""
         xp = self.xp
         cols, self._cols = self._cols, None
         n = dy.shape[0]
@@ -153,6 +162,10 @@ class Conv2D(Layer):
         dyg = self._scratch("dy", (o, n, ho, self.grid_w), zero=True)
         dyg[..., :wo] = dy.transpose(1, 0, 2, 3)
         dyg = dyg.reshape(o, -1)
+        dcols = None
+        if need_dx and dx_first:
+            dcols = self._scratch("dcols", cols.shape)
+            xp.matmul(self.W2.T, dyg, out=dcols)
         xp.sum(dyg, axis=1, out=self.db)
         # (K, N*G) @ (N*G, O) then a small (K, O) transpose: BLAS runs this orientation faster
         # than (O, N*G) @ (N*G, K) with its long-strided transposed operand.
@@ -161,8 +174,9 @@ class Conv2D(Layer):
         self.dW2[...] = dwt.T
         if not need_dx:
             return None
-        dcols = self._scratch("dcols", cols.shape)
-        xp.matmul(self.W2.T, dyg, out=dcols)
+        if dcols is None:
+            dcols = self._scratch("dcols", cols.shape)
+            xp.matmul(self.W2.T, dyg, out=dcols)
         return self._col2im(dcols, n)
 
     def _col2im(self, dcols, n):

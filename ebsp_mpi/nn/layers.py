@@ -54,8 +54,12 @@ class Dense(Layer):
     def bind(self, space: ParamSpace) -> None:
         super().bind(space)
         w, b = self.tensor_names
-        self.W, self.b = space.param(w), space.param(b)
-        self.dW, self.db = space.grad_of(w), space.grad_of(b)
+        self.bind_arrays(space.param(w), space.param(b), space.grad_of(w), space.grad_of(b))
+
+    def bind_arrays(self, W, b, dW, db) -> None:
+        """Compute with these arrays as ``W``, ``b`` and their gradients (``bind`` takes them from a
+        ParamSpace; an OSDP on-demand layer from its fetch buffer)."""
+        self.W, self.b, self.dW, self.db = W, b, dW, db
 
     def forward(self, x, train):
         y = self.xp.matmul(x, self.W)

@@ -30,6 +30,10 @@ class Model:
         A label (``"mlp"``, ``"cnn"``, or anything for hand-made stacks).
     xp, dtype
         Array module and element type of the parameter space.
+    resident : collection of str, optional
+        Hold only these tensors (``ParamSpace``'s `resident`): a layer with other tensors is left
+        unbound, and whoever runs it binds its weights first (``nn.ondemand``, OSDP's on-demand
+        layers). None: every tensor.
 
     Attributes
     ----------
@@ -39,7 +43,7 @@ class Model:
     """
 
     def __init__(self, layers: Sequence[Layer], in_shape, num_classes: int, *, kind: str = "custom",
-                 xp=numpy, dtype=numpy.float32):
+                 xp=numpy, dtype=numpy.float32, resident=None):
         self.layers = list(layers)
         self.in_shape = tuple(int(d) for d in in_shape)
         self.num_classes = int(num_classes)
@@ -48,9 +52,12 @@ class Model:
         specs, shape = stack_specs(self.layers, self.in_shape)
         if shape != (self.num_classes,):
             raise ValueError(f"model output shape is {shape}, expected ({self.num_classes},) logits")
-        self.space = ParamSpace(specs, xp=xp, dtype=dtype)
+        self.space = ParamSpace(specs, xp=xp, dtype=dtype, resident=resident)
         for layer in self.layers:
-            layer.bind(self.space)
+            if all(self.space.holds(name) for name in layer.tensor_names):
+                layer.bind(self.space)
+            else:
+                layer.xp = xp
         # Nothing consumes the gradient below the first layer with parameters: skip computing it.
         self._first_trainable = next((i for i, layer in enumerate(self.layers) if layer.tensor_names), 0)
 
@@ -228,7 +235,7 @@ def _positive_ints(values, what: str) -> tuple[int, ...]:
 
 
 def build_model(kind: str, in_shape: tuple[int, ...], num_classes: int, *, hidden=(128,),
-                channels=(8, 16), xp=numpy, dtype=numpy.float32, seed: int = 0) -> Model:
+                channels=(8, 16), xp=numpy, dtype=numpy.float32, seed: int = 0, resident=None) -> Model:
     """Build and initialise (``space.init(seed)``) one of the named models.
 
     Parameters
@@ -250,10 +257,12 @@ def build_model(kind: str, in_shape: tuple[int, ...], num_classes: int, *, hidde
         Array module and parameter element type.
     seed : int
         Seed of the initial parameters.
+    resident : collection of str, optional
+        Hold only these tensors (see :class:`Model`).
     """
     in_shape = tuple(int(d) for d in in_shape)
     model = Model(_layers(kind, in_shape, num_classes, hidden, channels), in_shape, num_classes, kind=kind,
-                  xp=xp, dtype=dtype)
+                  xp=xp, dtype=dtype, resident=resident)
     model.space.init(seed)
     return model
 

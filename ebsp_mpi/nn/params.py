@@ -93,18 +93,27 @@ class ParamSpace:
         Array module, ``numpy`` or ``cupy``.
     dtype : numpy dtype
         Element type of both buffers (float32 for training, float64 for gradient checks).
+    resident : collection of str, optional
+        Hold only these tensors (an OSDP worker, whose on-demand layers' weights arrive just in time
+        into a buffer of its own): ``data`` and ``grad`` then pack them back to back, while ``tensors``
+        and :meth:`view` still describe every tensor where it lies in the whole model, the layout of
+        the wire. None: every tensor, and the two layouts are one.
 
     Attributes
     ----------
     tensors : tuple of TensorView
-        The views, in forward order, packed back to back from offset 0.
+        The views of every tensor, in forward order, packed back to back from offset 0: where each
+        lies in the whole model.
     size : int
-        Total number of elements. ``nbytes`` is the size of one buffer in bytes.
+        Elements of the whole model.
+    nbytes : int
+        Bytes of one buffer as allocated (only the resident tensors' with `resident`).
     data, grad : xp.ndarray
-        The flat ``(size,)`` parameter and gradient buffers (same layout).
+        The flat parameter and gradient buffers: ``(size,)``, or the resident tensors only, at
+        :meth:`local_offset`.
     """
 
-    def __init__(self, specs: Sequence[TensorSpec], xp=numpy, dtype=numpy.float32):
+    def __init__(self, specs: Sequence[TensorSpec], xp=numpy, dtype=numpy.float32, resident=None):
         self.xp = xp
         self.dtype = numpy.dtype(dtype)
         self.specs = tuple(specs)
@@ -118,10 +127,19 @@ class ParamSpace:
             offset += spec.size
         self.tensors = tuple(views)
         self.size = offset
-        self.nbytes = self.size * self.dtype.itemsize
-        self.data = xp.zeros(self.size, dtype=self.dtype)
-        self.grad = xp.zeros(self.size, dtype=self.dtype)
         self._by_name = {v.name: v for v in self.tensors}
+        unknown = sorted(set(resident or ()) - seen)
+        if unknown:
+            raise ValueError(f"ParamSpace: resident tensors {unknown} are not among {list(self._by_name)}")
+        held = [v for v in views if resident is None or v.name in resident]
+        self._local, local = {}, 0
+        for v in held:
+            self._local[v.name] = local
+            local += v.size
+        self.whole = local == self.size
+        self.nbytes = local * self.dtype.itemsize
+        self.data = xp.zeros(local, dtype=self.dtype)
+        self.grad = xp.zeros(local, dtype=self.dtype)
 
     def __repr__(self) -> str:
         return f"ParamSpace({len(self.tensors)} tensors, {self.size} elements, {self.dtype})"
@@ -133,9 +151,22 @@ class ParamSpace:
         except KeyError:
             raise KeyError(f"no tensor {name!r}; known: {list(self._by_name)}") from None
 
+    def holds(self, name: str) -> bool:
+        """Whether tensor ``name`` lives in ``data``/``grad`` (always, unless built with ``resident``)."""
+        return name in self._local
+
+    def local_offset(self, name: str) -> int:
+        """Where tensor ``name`` starts in ``data``/``grad`` (its ``view(name).offset`` unless built with
+        ``resident``); a KeyError for a tensor not held."""
+        self.view(name)
+        try:
+            return self._local[name]
+        except KeyError:
+            raise KeyError(f"tensor {name!r} is not held here (fetched on demand)") from None
+
     def _slice(self, buf, name: str):
-        v = self.view(name)
-        return buf[v.offset:v.offset + v.size].reshape(v.shape)
+        v, start = self.view(name), self.local_offset(name)
+        return buf[start:start + v.size].reshape(v.shape)
 
     def param(self, name: str):
         """Tensor ``name`` as a reshaped view into ``data`` (writes go to the buffer)."""
@@ -153,9 +184,12 @@ class ParamSpace:
         same specs get the same values.
         """
         rng = numpy.random.default_rng(seed)
-        host = numpy.empty(self.size, dtype=numpy.float64)
+        host = numpy.empty(self.data.size, dtype=numpy.float64)
         for spec, v in zip(self.specs, self.tensors, strict=True):
-            host[v.offset:v.offset + v.size] = _draw(spec, rng).ravel()
+            values = _draw(spec, rng)  # drawn even when not held: the stream stays that of the whole model
+            if self.holds(v.name):
+                start = self._local[v.name]
+                host[start:start + v.size] = values.ravel()
         self.data[...] = self.xp.asarray(host.astype(self.dtype))
 
     def zero_grad(self) -> None:
@@ -164,6 +198,7 @@ class ParamSpace:
 
     def state_dict(self) -> dict[str, numpy.ndarray]:
         """Host (NumPy) copies of every tensor, by name, in forward order."""
+        self._require_whole("state_dict")
         host = _to_host(self.data)
         return {v.name: host[v.offset:v.offset + v.size].reshape(v.shape).copy()
                 for v in self.tensors}
@@ -176,6 +211,7 @@ class ParamSpace:
         ValueError
             Naming the missing or unexpected tensors, or the tensor whose shape differs.
         """
+        self._require_whole("load_state_dict")
         missing = [n for n in self._by_name if n not in d]
         unexpected = [n for n in d if n not in self._by_name]
         if missing or unexpected:
@@ -189,3 +225,7 @@ class ParamSpace:
                                  f"expected {v.shape}")
             host[v.offset:v.offset + v.size] = a.ravel()
         self.data[...] = self.xp.asarray(host)
+
+    def _require_whole(self, what: str) -> None:
+        if not self.whole:
+            raise ValueError(f"ParamSpace.{what}: this space holds only some of the model's tensors")
