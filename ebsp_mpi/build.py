@@ -34,8 +34,9 @@ INIT_DRAW_BYTES = 8
 BUFFERS = 3
 
 
-def model(job: JobConfig, ds: Dataset, xp=np, dtype=np.float32) -> Model:
-    """The job's model for dataset ``ds``, initialised from ``job.seed``.
+def model(job: JobConfig, ds: Dataset, xp=np, dtype=np.float32, on_demand=frozenset()) -> Model:
+    """The job's model for dataset ``ds``, initialised from ``job.seed``; the tensors in `on_demand`
+    (an OSDP worker's on-demand layers) are left out of its ``ParamSpace`` buffers.
 
     Raises
     ------
@@ -48,7 +49,8 @@ def model(job: JobConfig, ds: Dataset, xp=np, dtype=np.float32) -> Model:
     specs = model_specs(m.kind, ds.input_shape, ds.num_classes, hidden=tuple(m.hidden), channels=tuple(m.channels))
     check_model_fits(job, ds, specs, np.dtype(dtype))
     built = build_model(m.kind, ds.input_shape, ds.num_classes, hidden=tuple(m.hidden),
-                        channels=tuple(m.channels), xp=xp, dtype=dtype, seed=job.seed)
+                        channels=tuple(m.channels), xp=xp, dtype=dtype, seed=job.seed,
+                        resident=[s.name for s in specs if s.name not in on_demand] if on_demand else None)
     check_memory_limit(job, built, osdp_plan(job, built))  # one line here, on every rank, before training
     return built
 

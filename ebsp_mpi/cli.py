@@ -116,18 +116,24 @@ def _resumed_job(args, world_size: int):
     return job, workers
 
 
-def _refuse_on_demand_layers(job) -> None:
-    """A plan that fetches layers on demand cannot be trained yet (docs/osdp.md, "Running a plan"):
-    say so rather than train every layer resident above the limit the plan was made for."""
+def _check_on_demand_layers(job, world_size: int) -> None:
+    """A plan that fetches layers on demand runs under mpiexec, from one server, with every gradient
+    through it (docs/osdp.md): anything else is one line here, before any rank builds a model."""
     if not job.osdp.plan:
         return
     from .plan.osdp_files import read_plan
 
-    fetched = [layer["name"] for layer in read_plan(job.osdp.plan).get("layers", []) if layer.get("mode") != "resident"]
-    if fetched:
-        raise UsageError(f"osdp.plan = {job.osdp.plan!r} fetches {', '.join(fetched)} on demand, which training does "
-                         f"not do yet (the planner does: docs/osdp.md); leave osdp.plan empty to train every layer "
-                         f"resident")
+    fetched = [layer["name"] for layer in read_plan(job.osdp.plan)["layers"] if layer["mode"] == "on-demand"]
+    if not fetched:
+        return
+    where = f"osdp.plan = {job.osdp.plan!r} fetches {', '.join(fetched)} on demand"
+    if world_size == 1:
+        raise UsageError(f"{where} from a parameter server: run it under mpiexec, with a server and workers")
+    if job.runtime.servers != 1:
+        raise UsageError(f"{where} from rank 0 alone: set runtime.servers = 1 (now {job.runtime.servers})")
+    if job.comm.hybrid != "ps":
+        raise UsageError(f"{where}, and its gradients go back through the server: set comm.hybrid = 'ps' "
+                         f"(now {job.comm.hybrid!r})")
 
 
 def _train(args) -> int:
@@ -141,7 +147,7 @@ def _train(args) -> int:
         job = load_job(args.job, args.overrides)
         workers = check_workers(job, world_size)
     parse_fault(os.environ.get(FAULT_ENV, ""), world_size)  # a bad value is one line here, not a rank's crash
-    _refuse_on_demand_layers(job)
+    _check_on_demand_layers(job, world_size)
     out = args.resume or args.out
     if world_size > 1:
         from .runtime.launch import run_mpi

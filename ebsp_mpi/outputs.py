@@ -105,7 +105,7 @@ class AccuracyTargets:
 SUMMARY_KEYS = ("name", "sync", "workers", "world_size", "backend", "wall_seconds", "iterations", "wait_seconds",
                 "compute_seconds", "injected_delay_seconds", "barriers", "rejected_pushes", "versions",
                 "train_loss", "test_loss", "test_accuracy", "samples_per_second", "time_to_accuracy", "evals",
-                "hybrid", "bytes", "package_version", "mpi_library", "config")
+                "hybrid", "bytes", "osdp", "package_version", "mpi_library", "config")
 
 
 def build_summary(job, *, sync: str, world_size: int, backend: str, wall_seconds: float, iterations: list[int],
@@ -113,7 +113,7 @@ def build_summary(job, *, sync: str, world_size: int, backend: str, wall_seconds
                   injected_delay_seconds: list[float] | None, barriers: int, rejected_pushes: int, versions: int,
                   train_loss: float | None, test_loss: float, test_accuracy: float, targets: AccuracyTargets,
                   evals: list[tuple[float, int, float, float]], mpi_library: str | None, hybrid: dict | None = None,
-                  byte_counts: list[dict] | None = None) -> dict:
+                  byte_counts: list[dict] | None = None, osdp: dict | None = None) -> dict:
     """The run's ``summary.json`` as a dict with exactly :data:`SUMMARY_KEYS`.
 
     Parameters
@@ -133,6 +133,11 @@ def build_summary(job, *, sync: str, world_size: int, backend: str, wall_seconds
     byte_counts : list of dict or None
         Per rank (the server first), the payload bytes it sent and received per tensor and scheme;
         None without MPI.
+    osdp : dict or None
+        With an OSDP plan (``osdp.plan``): the plan file, its prediction (``peak_bytes``,
+        ``iteration_s``) and per worker what was measured (``peak_bytes``, ``iteration_s``: the median
+        start-to-start time, and per iteration the seconds waited on on-demand fetches and pushes,
+        ``transfer_wait_s``, and their messages, ``transfer_messages``); None without a plan.
 
     A float that is not finite (a diverged loss) is written as null, so the file is strict JSON.
     """
@@ -159,6 +164,7 @@ def build_summary(job, *, sync: str, world_size: int, backend: str, wall_seconds
                   for t, v, loss, acc in evals],
         "hybrid": hybrid,
         "bytes": byte_counts,
+        "osdp": osdp,
         "package_version": __version__,
         "mpi_library": mpi_library,
         "config": to_dict(job),

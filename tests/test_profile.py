@@ -164,9 +164,10 @@ def test_memory_limit_stops_a_run_that_needs_more(capsys, tmp_path, profile_file
                                                           "--out", str(tmp_path / "r3")])
 
 
-def test_training_refuses_a_plan_that_fetches_layers_on_demand(capsys, tmp_path, profile_file):
-    """On-demand layers are planned but not yet run: training says so in one line instead of holding
-    every layer resident above the limit the plan was made for."""
+def test_a_single_process_refuses_a_plan_that_fetches_layers_on_demand(capsys, tmp_path, profile_file):
+    """On-demand layers are fetched from a parameter server: without mpiexec there is none, and
+    training says so in one line instead of holding every layer resident above the limit the plan was
+    made for (runs under mpiexec: tests/test_osdp_runtime.py)."""
     job = job_of()
     weights = build.model(job, build.dataset(job)).space.nbytes
     plan = tmp_path / "plan.json"
@@ -175,5 +176,5 @@ def test_training_refuses_a_plan_that_fetches_layers_on_demand(capsys, tmp_path,
     assert any(layer["mode"] != "resident" for layer in read_plan(plan)["layers"])
     line = one_line_error(capsys, ["train", *JOB, "--set", f"osdp.plan={plan}", "--set", "stop.iterations=1", "-q",
                                    "--out", str(tmp_path / "run")])
-    assert "on demand, which training does not do yet" in line
+    assert "on demand from a parameter server: run it under mpiexec" in line
     assert not (tmp_path / "run").exists()

@@ -107,6 +107,7 @@ class Context:
     oversubscribed: bool = True
     any_oversubscribed: bool = True
     factor_comm: MPI.Comm | None = None  # a second duplicate: sufficient factors (comm.hybrid) travel on it
+    fetch_comm: MPI.Comm | None = None  # a third: OSDP's on-demand fetches (protocol.FETCH_TAG) travel on it
     servers: int = 1
 
     @property
@@ -181,7 +182,7 @@ def setup(base: MPI.Comm | None = None) -> Context:
     comm = (MPI.COMM_WORLD if base is None else base).Dup()
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
     ctx = Context(comm=comm, rank=comm.Get_rank(), size=comm.Get_size(), local_rank=local.Get_rank(),
-                  factor_comm=comm.Dup())
+                  factor_comm=comm.Dup(), fetch_comm=comm.Dup())
     ctx.oversubscribed = local.Get_size() > len(set().union(*local.allgather(_cpus())))
     ctx.any_oversubscribed = comm.allreduce(ctx.oversubscribed, op=MPI.LOR)
     local.Free()

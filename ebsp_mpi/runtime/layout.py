@@ -3,16 +3,20 @@
 Every rank computes the :class:`Layout` from the job and the model alone, so a worker, rank 0 and the
 other servers agree on it without a message: the chunks of a push (``protocol.plan_chunks``), which
 dense layers go as sufficient factors (``comm.hybrid``), and which server owns each chunk
-(``runtime.servers``; ``protocol.plan_shards``).
+(``runtime.servers``; ``protocol.plan_shards``), and with an OSDP plan (``osdp.plan``) which units the
+workers fetch on demand: their messages break where a unit starts or stops, so that an on-demand
+unit's gradient goes as whole messages of its own.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from mpi4py import MPI
 
 from .. import build
+from ..plan.osdp_schedule import Schedule, make_schedule
 from .hybrid import SFBLayer, sfb_layers, tensor_of_chunks
 from .protocol import Chunk, Shard, owner_of_chunks, plan_chunks, plan_shards
 
@@ -39,6 +43,13 @@ class Layout:
         Each server's chunks and elements.
     owner : list of int
         The server rank of each chunk.
+    schedule : Schedule or None
+        The OSDP plan as the workers run it; None when every layer is resident.
+    fetched : list of bool
+        Per chunk: it belongs to an on-demand unit (no pull reply carries it; its gradient is pushed
+        from the worker's fetch buffer).
+    unit_chunks : list of list of (int, int)
+        Per unit of the schedule: its chunks, each with its element offset within the unit.
     """
 
     chunks: list[Chunk]
@@ -49,6 +60,9 @@ class Layout:
     hybrid_plan: dict
     shards: list[Shard]
     owner: list[int]
+    schedule: Schedule | None = None
+    fetched: tuple[bool, ...] = ()
+    unit_chunks: tuple[tuple[tuple[int, int], ...], ...] = ()
 
     def server_of_layer(self, layer: SFBLayer) -> int:
         """The server that owns an SFB layer's weight tensor (all its chunks are on one server)."""
@@ -71,8 +85,10 @@ def make_layout(ctx, job, model) -> Layout:
     space = model.space
     total_bytes = space.size * space.data.itemsize
     chunk_bytes = ctx.chunk_bytes(job.runtime.chunk_bytes, total_bytes)
-    chunks = plan_chunks([(t.offset, t.size) for t in space.tensors], space.data.itemsize, chunk_bytes,
-                         ctx.comm.Get_attr(MPI.TAG_UB))
+    osdp = build.osdp_plan(job, model)
+    schedule = make_schedule(osdp, model) if osdp and any(e["mode"] == "on-demand" for e in osdp["layers"]) else None
+    bounds = _cut([(t.offset, t.size) for t in space.tensors], schedule.cuts() if schedule else [])
+    chunks = plan_chunks(bounds, space.dtype.itemsize, chunk_bytes, ctx.comm.Get_attr(MPI.TAG_UB))
     names, plan = build.hybrid_plan(job, model, ctx.workers)
     sfb = sfb_layers(space, names)
     chunk_tensor = tensor_of_chunks(space, chunks)
@@ -86,4 +102,31 @@ def make_layout(ctx, job, model) -> Layout:
         raise UsageError(str(e)) from None
     return Layout(chunks=chunks, chunk_tensor=chunk_tensor, chunk_bytes=chunk_bytes, sfb=sfb,
                   sfb_bsp=bool(sfb) and job.sync.model == "bsp", hybrid_plan=plan, shards=shards,
-                  owner=owner_of_chunks(shards))
+                  owner=owner_of_chunks(shards), schedule=schedule, **_units_in_chunks(schedule, chunks))
+
+
+def _cut(bounds: list[tuple[int, int]], cuts: list[int]) -> list[tuple[int, int]]:
+    """The ``(offset, size)`` runs of `bounds`, each broken at every offset of `cuts` inside it."""
+    out = []
+    for offset, size in bounds:
+        edges = [offset] + [c for c in cuts if offset < c < offset + size] + [offset + size]
+        out += [(a, b - a) for a, b in itertools.pairwise(edges)]
+    return out
+
+
+def _units_in_chunks(schedule: Schedule | None, chunks: list[Chunk]) -> dict:
+    """``fetched`` and ``unit_chunks`` of the Layout (empty without a schedule)."""
+    if schedule is None:
+        return {}
+    fetched = [False] * len(chunks)
+    unit_chunks = []
+    for unit in schedule.units:
+        mine, base = [], 0
+        for a, b in unit.runs:
+            for k, c in enumerate(chunks):
+                if a <= c.start and c.stop <= b:
+                    mine.append((k, base + c.start - a))
+                    fetched[k] = True
+            base += b - a
+        unit_chunks.append(tuple(mine))
+    return {"fetched": tuple(fetched), "unit_chunks": tuple(unit_chunks)}

@@ -33,6 +33,7 @@ from ..sync.registry import make_policy
 from .comm import Context, StallError, mpi_library, open_rank_trace, terminate_requested, wait_all
 from .evaluator import Evaluator
 from .faults import fault_for
+from .fetch import FetchServer
 from .layout import make_layout
 from .peers import ALIVE, PeerServers
 from .protocol import ALIVE_TAG, PULL_FIELDS, PUSH, STATS_TAG, ProtocolError, pack
@@ -60,6 +61,8 @@ class Server:
         self.store = ShardStore(ctx, job, self.params, self.layout, 0, self.policy.round_based)
         self.opt, self.lr_at = self.store.opt, self.store.lr_at
         self.peers = PeerServers(ctx, self.layout, job.runtime.stall_timeout_s)
+        # OSDP: the workers fetch their on-demand layers from rank 0 (one server: cli checks it)
+        self.fetches = FetchServer(ctx, self.layout, self.params, self.store.bytes) if self.layout.schedule else None
         # evaluation, checkpoints and model.h5 read the whole model: with several servers, gathered
         self.whole = self.params if ctx.servers == 1 else np.empty_like(self.params)
         self.whole_velocity = self.opt.velocity if ctx.servers == 1 else np.empty_like(self.opt.velocity)
@@ -126,6 +129,8 @@ class Server:
         next_eval = t + job.eval.every_seconds
         while len(self.left) < self.n or self.store.replies:
             progressed = self._serve_pushes()
+            if self.fetches is not None:
+                progressed |= self.fetches.take(self.last_heard, self.ctx.now())
             self.peers.flush(self.ctx.now())
             progressed |= self.store.complete_replies()
             if self.evaluator.active:
@@ -404,6 +409,18 @@ class Server:
 
     # -- the end --------------------------------------------------------------------------------
 
+    def _osdp(self, stats: list[dict]) -> dict | None:
+        """With an OSDP plan: its prediction beside what each worker measured (``runtime.peak``)."""
+        if not self.job.osdp.plan:
+            return None
+        from ..plan.osdp_files import read_plan
+
+        predicted = read_plan(self.job.osdp.plan).get("predicted", {})
+        return {"plan": self.job.osdp.plan,
+                "predicted": {"peak_bytes": predicted.get("peak_bytes"), "iteration_s": predicted.get("iteration_s")},
+                "measured": {key: [s["osdp"][key] for s in stats]
+                             for key in ("peak_bytes", "iteration_s", "transfer_wait_s", "transfer_messages")}}
+
     def _finish(self) -> dict:
         wall = self.ctx.now()
         whole = self._whole_model()
@@ -420,6 +437,8 @@ class Server:
         self.trace.flush()
         self._checkpoint(wall)  # the end, from which a longer run (a larger stop.*) can go on
         self.peers.end(self.ctx.now())
+        if self.fetches is not None:  # every worker has had its stop reply: no fetch is coming
+            self.fetches.close()
         stats = self._collect_stats()
         wait_all(self.alive_sends, self.ctx.backoff())  # small sends, complete already or soon
         self.peers.wait_sends(self.ctx.backoff())
@@ -436,7 +455,7 @@ class Server:
             train_loss=float(heard.mean()) if heard.size else None, test_loss=loss, test_accuracy=acc,
             targets=self.targets, evals=self.evals, mpi_library=mpi_library(), hybrid=self.layout.hybrid_plan,
             byte_counts=[self.store.bytes.as_dict()] + [self.peers.stats[r]["bytes"] for r in self.peers.ranks]
-            + [s["bytes"] for s in stats])
+            + [s["bytes"] for s in stats], osdp=self._osdp(stats))
         write_summary(self.run_dir, summary)
         self.trace.set_attrs(rejected_pushes=self.rejected, hybrid=self.layout.hybrid_plan,
                              bytes=self.store.bytes.as_dict())

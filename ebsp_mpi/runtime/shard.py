@@ -73,8 +73,12 @@ class ShardStore:
         self.sfb = [a for a in layout.sfb if layout.server_of_layer(a) == server]
         sfb_names = {a.name for a in self.sfb}
         self.pushed_chunks = [c for c in self.chunks if self.chunk_tensor[c.tag - CHUNK_TAG0] not in sfb_names]
+        # no reply carries an OSDP on-demand unit (a worker fetches it when it computes with it)
+        self.fetched = fetched = {k for k, f in enumerate(layout.fetched) if f}
+        self.first_chunks = [c for c in self.chunks if c.tag - CHUNK_TAG0 not in fetched]
         # after the first pull, no BSP reply carries an SFB layer: every worker steps it itself
-        self.reply_chunks = self.pushed_chunks if layout.sfb_bsp else self.chunks
+        self.reply_chunks = [c for c in self.pushed_chunks if c.tag - CHUNK_TAG0 not in fetched] \
+            if layout.sfb_bsp else self.first_chunks
         self.pulled = np.zeros(self.n, dtype=bool)  # each worker has had its first (whole) reply
         self.factors = Stacked(self.sfb, self.n, job.data.batch_size) if self.sfb else None
         self.bytes = ByteCounter()
@@ -179,6 +183,8 @@ class ShardStore:
             if members:
                 mean = round_mean([self.grads[w][c.start:c.stop] for w in members], self.mean_buf[c.start:c.stop])
                 self.opt.step(self.params[c.start:c.stop], mean, lr, offset=c.start)
+            if c.tag - CHUNK_TAG0 in self.fetched:
+                continue  # an on-demand unit's: fetched when used, not sent with the reply
             for r in replies:
                 r.requests.append(self.ctx.comm.Isend([self.params[c.start:c.stop], MPI.FLOAT],
                                                       self.ctx.worker_rank(r.worker), c.tag))
@@ -211,7 +217,7 @@ class ShardStore:
         comm, rank = self.ctx.comm, self.ctx.worker_rank(w)
         requests = [] if head is None else [comm.Isend([head, MPI.DOUBLE], rank, PULL_TAG)]
         if send_weights:
-            for c in self.reply_chunks if self.pulled[w] else self.chunks:
+            for c in self.reply_chunks if self.pulled[w] else self.first_chunks:
                 requests.append(comm.Isend([buffer[c.start:c.stop], MPI.FLOAT], rank, c.tag))
                 self._count_sent(c)
         self.pulled[w] = True

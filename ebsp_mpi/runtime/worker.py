@@ -12,6 +12,11 @@ weight gradient in row blocks for this, the last one chunk or less (``nn.layers.
 header, sent last to every server, completes the push (after any injected straggler delay). Each
 chunk goes to the server that owns it, and each chunk of a reply comes from its owner; the reply's
 header comes from rank 0 (``runtime.layout``).
+
+With an OSDP plan (``osdp.plan``) the worker holds only its resident layers in its ``ParamSpace``; each
+on-demand layer's weights are fetched into one preallocated buffer just before an item computes with
+them, and its gradient is pushed from there (``runtime.fetch``, ``nn.ondemand``). The worker measures
+its peak memory (``runtime.peak``) and reports it with its median iteration time.
 """
 
 from __future__ import annotations
@@ -28,11 +33,16 @@ from ..backend import resolve_backend
 from ..config import JobConfig
 from ..nn.factors import FactorSpace, rebuild_gradient
 from ..nn.kernels import all_finite, warm_up
+from ..nn.ondemand import OnDemandStep
+from ..plan.osdp_files import read_plan
+from ..plan.osdp_schedule import on_demand_tensors
 from ..straggler import straggler_model
 from .comm import Context, Silence, open_rank_trace, wait_all
 from .faults import fault_for
+from .fetch import Fetcher
 from .hybrid import PS, SFB, ByteCounter, Stacked
 from .layout import make_layout
+from .peak import PeakMemory
 from .protocol import ALIVE_TAG, PULL, PULL_FIELDS, PULL_TAG, PUSH_FIELDS, PUSH_TAG, STATS_TAG, header, pack
 
 log = logging.getLogger(__name__)
@@ -47,7 +57,10 @@ class Worker:
         self.start_iteration = start_iteration  # > 0: a resumed run, from the checkpoint's count
         self.backend = resolve_backend(job.backend, local_rank=ctx.local_rank)
         self.ds = build.dataset(job)
-        self.model = build.model(job, self.ds, xp=self.backend.xp)
+        on_demand = on_demand_tensors(read_plan(job.osdp.plan) if job.osdp.plan else None)
+        # from here on, what the worker allocates counts towards the peak a plan predicts
+        self.peak = PeakMemory(self.backend) if job.osdp.plan else None
+        self.model = build.model(job, self.ds, xp=self.backend.xp, on_demand=on_demand)
         self.stream = build.batch_stream(job, self.ds, self.index, ctx.workers)
         self.stream.seek(start_iteration)  # batches and jitter follow from the iteration: nothing else to restore
         self.straggler = straggler_model(job.straggler, ctx.workers, job.seed)
@@ -66,24 +79,35 @@ class Worker:
         self.push_header = header(PUSH_FIELDS)
         self.pull_header = np.zeros(len(PULL_FIELDS) + (ctx.workers if self.sfb_bsp else 0))
         self.chunks = chunks
-        self.pushes = [comm.Send_init([self.grad_buf[c.start:c.stop], MPI.FLOAT], owner[k], c.tag)
-                       for k, c in enumerate(chunks)]
+        # where each chunk lies in this worker's buffers (None: an on-demand unit's, never held there)
+        self.local = [_local_slice(space, self.chunk_tensor[k], c) for k, c in enumerate(chunks)]
+        held = [k for k in range(len(chunks)) if self.local[k] is not None]
+        self.pushes = [comm.Send_init([self.grad_buf[self.local[k]], MPI.FLOAT], owner[k], chunks[k].tag)
+                       if k in held else None for k in range(len(chunks))]
         # the header last, to every server: it completes the push on each
-        self.pushes += [comm.Send_init([self.push_header, MPI.DOUBLE], s, PUSH_TAG) for s in range(ctx.servers)]
-        self.header_sends = self.pushes[len(chunks):]
+        self.header_sends = [comm.Send_init([self.push_header, MPI.DOUBLE], s, PUSH_TAG) for s in range(ctx.servers)]
         self.started = np.zeros(len(chunks), dtype=bool)  # chunks of the current push already sent
-        self.started[self.sfb_chunk] = True  # an SFB layer's weight gradient goes as factors, never as chunks
+        # an SFB layer's weight gradient goes as factors, an on-demand unit's from the fetch buffer
+        self.never_sent = self.sfb_chunk | np.array([k not in held for k in range(len(chunks))], dtype=bool)
+        self.started[self.never_sent] = True
         self.chunks_of = _chunks_of_tensors(space, chunks)  # tensor name -> indices of its chunks
+        self.first_chunks = held
         self.pulls = [comm.Recv_init([self.pull_header, MPI.DOUBLE], 0, PULL_TAG)]
-        self.pulls += [comm.Recv_init([self.params_buf[c.start:c.stop], MPI.FLOAT], owner[k], c.tag)
-                       for k, c in enumerate(chunks)]
-        self.pull_source = [0] + list(owner)  # the rank each pull request hears from
+        self.pulls += [comm.Recv_init([self.params_buf[self.local[k]], MPI.FLOAT], owner[k], chunks[k].tag)
+                       for k in held]
+        self.pull_source = [0] + [owner[k] for k in held]  # the rank each pull request hears from
         # after the first pull, BSP's replies leave out the SFB layers, which every worker steps itself
-        self.pulled_chunks = [k for k in range(len(chunks)) if not (self.sfb_bsp and self.sfb_chunk[k])]
-        self.later_pulls = [self.pulls[0]] + [self.pulls[1 + k] for k in self.pulled_chunks]
+        self.pulled_chunks = [k for k in held if not (self.sfb_bsp and self.sfb_chunk[k])]
+        self.later_pulls = [self.pulls[0]] + [self.pulls[1 + held.index(k)] for k in self.pulled_chunks]
         self.later_sources = [0] + [owner[k] for k in self.pulled_chunks]
         # everything a push sends: completed before the gradient and the factors are written again
-        self.outgoing = self.pushes + [r for rs in self.factor_sends.values() for r in rs]
+        self.outgoing = [r for r in self.pushes if r is not None] + self.header_sends \
+            + [r for rs in self.factor_sends.values() for r in rs]
+        self.ondemand = self.fetcher = None
+        if layout.schedule is not None:  # OSDP: the on-demand layers' buffer and messages
+            self.ondemand = OnDemandStep(self.model, layout.schedule, job.data.batch_size)
+            self.fetcher = Fetcher(ctx, layout, self.backend, self.staged, self._check_finite, self.bytes)
+        self.starts: list[float] = []  # each iteration's start: the median iteration time
         # the server's keep-alive while it holds our pull (its content is never read)
         self.alive_buf = np.zeros(1)
         self.keepalive = comm.Recv_init([self.alive_buf, MPI.DOUBLE], 0, ALIVE_TAG)
@@ -135,6 +159,10 @@ class Worker:
         iteration, row = self.start_iteration, None
         self.keepalive.Start()
         server = Silence(self.job.runtime.stall_timeout_s, "the server (rank 0)", self.keepalive)
+        if self.fetcher is not None:
+            self.fetcher.wait = partial(wait_all, backoff=backoff, silence=server)
+        if self.peak is not None:
+            self.peak.training(self._held_arrays())
         MPI.Prequest.Startall(self.pulls)  # the initial weights, every tensor
         pulls, sources, version = self.pulls, self.pull_source, None
         t_push = ctx.now()
@@ -144,6 +172,7 @@ class Worker:
             wait_all(pulls, backoff, server, arrived.update)
             self._count_pull(pulls is self.pulls)
             t_start = ctx.now()
+            self.starts.append(t_start)
             wait_total += t_start - t_push
             used, version, stop = version, int(self.pull_header[PULL.version]), bool(self.pull_header[PULL.stop])
             if self.sfb_bsp and used is not None and not stop:
@@ -162,7 +191,7 @@ class Worker:
             # the previous push was delivered before its reply came: complete it before the gradient
             # buffer is written again (and the factors' sends before the factors are)
             wait_all(self.outgoing, backoff, server)
-            self.started[:] = self.sfb_chunk
+            self.started[:] = self.never_sent
             self.finite = True  # every value of this push so far (its header says so)
             c0 = time.perf_counter()
             loss = self.compute_gradient()
@@ -202,8 +231,23 @@ class Worker:
             self.fault.fire("the end")
         stats = {"iterations": iteration, "wait_seconds": wait_total, "compute_seconds": compute_total,
                  "injected_delay_seconds": delay_total, "backend": backend.describe(), "bytes": self.bytes.as_dict()}
+        if self.peak is not None:  # OSDP: what the plan predicted, measured
+            starts = np.diff(self.starts[1:])  # each iteration start to start, the first (warm-up) left out
+            fetcher = self.fetcher
+            stats["osdp"] = {"peak_bytes": self.peak.stop(),
+                             "iteration_s": float(np.median(starts)) if starts.size else None,
+                             "transfer_wait_s": fetcher.waited_s / max(iteration, 1) if fetcher else 0.0,
+                             "transfer_messages": fetcher.messages / max(iteration, 1) if fetcher else 0.0}
         wait_all([ctx.comm.isend(stats, dest=0, tag=STATS_TAG)], backoff)  # for the server's summary
         return stats
+
+    def _held_arrays(self) -> list:
+        """The arrays this worker keeps for the whole run, for the peak memory (``runtime.peak``)."""
+        space = self.model.space
+        held = [space.data, space.grad]
+        if self.ondemand is not None:
+            held += [self.fetcher.buffer, self.ondemand.temp]
+        return held
 
     def compute_gradient(self) -> float:
         """The next minibatch's loss; its gradient is left in ``model.space.grad``, on the device.
@@ -215,10 +259,12 @@ class Worker:
         self.factors_sent = dict.fromkeys(self.factor_sends, False)
         factors = {"factors": self.factor_space, "on_factors_ready": self._send_factors if wfbp else None} \
             if self.sfb else {}
-        loss = self.model.loss_and_grad(self.backend.asarray(self.ds.x_train[idx]),
-                                        self.backend.asarray(self.ds.y_train[idx]),
-                                        on_grad_ready=self._push_ready if wfbp else None,
-                                        block_elems=self.chunk_elems, **factors)
+        x, y = self.backend.asarray(self.ds.x_train[idx]), self.backend.asarray(self.ds.y_train[idx])
+        ready = self._push_ready if wfbp else None
+        if self.ondemand is not None:
+            loss = self.ondemand.loss_and_grad(x, y, self.fetcher, on_grad_ready=ready, block_elems=self.chunk_elems)
+        else:
+            loss = self.model.loss_and_grad(x, y, on_grad_ready=ready, block_elems=self.chunk_elems, **factors)
         self.backend.synchronize()
         return loss
 
@@ -229,7 +275,8 @@ class Worker:
         V, U = self.stacked.V[name][me], self.stacked.U[name][me]
         V[...] = self.backend.to_host(self.factor_space.V(name))
         U[...] = self.backend.to_host(self.factor_space.U(name))
-        self.finite = self.finite and all_finite(V.reshape(-1)) and all_finite(U.reshape(-1))
+        self._check_finite(V.reshape(-1))
+        self._check_finite(U.reshape(-1))
         MPI.Prequest.Startall(self.factor_sends[name])
         self.bytes.sent(name, SFB, (V.nbytes + U.nbytes) * (len(self.factor_sends[name]) // 2))
         self.factors_sent[name] = True
@@ -262,7 +309,7 @@ class Worker:
 
     def _count_pull(self, whole: bool) -> None:
         """Count the bytes of the pull just received (and of the round's factors under BSP with SFB)."""
-        for k in range(len(self.chunks)) if whole else self.pulled_chunks:
+        for k in self.first_chunks if whole else self.pulled_chunks:
             self.bytes.received(self.chunk_tensor[k], PS, self.chunks[k].size * self.params_buf.itemsize)
         if self.sfb_bsp and not whole:
             rows = (self.ctx.workers - 1) * self.stacked.batch  # the other workers' factors
@@ -282,14 +329,28 @@ class Worker:
         for k in indices:
             if self.started[k]:
                 continue
-            c = self.chunks[k]
+            c, at = self.chunks[k], self.local[k]
             if self.staged:  # the device has finished this slice (synchronized by to_host)
-                self.grad_buf[c.start:c.stop] = self.backend.to_host(self.model.space.grad[c.start:c.stop])
-            # checked now, while the chunk is in cache; the header tells every server (all or nothing)
-            self.finite = self.finite and all_finite(self.grad_buf[c.start:c.stop])
+                self.grad_buf[at] = self.backend.to_host(self.model.space.grad[at])
+            # checked now, while the chunk is in cache
+            self._check_finite(self.grad_buf[at])
             self.pushes[k].Start()
             self.started[k] = True
             self.bytes.sent(self.chunk_tensor[k], PS, c.size * self.grad_buf.itemsize)
+
+    def _check_finite(self, values) -> None:
+        """Whether every value of this push so far is finite: the header tells every server (all or
+        nothing)."""
+        self.finite = self.finite and all_finite(values)
+
+
+def _local_slice(space, tensor: str, c) -> slice | None:
+    """Where chunk `c` of `tensor` lies in the worker's ``ParamSpace`` buffers; None when the tensor
+    is not held there (an OSDP on-demand layer's)."""
+    if not space.holds(tensor):
+        return None
+    start = space.local_offset(tensor) + c.start - space.view(tensor).offset
+    return slice(start, start + c.size)
 
 
 def _chunks_of_tensors(space, chunks) -> dict[str, list[int]]:

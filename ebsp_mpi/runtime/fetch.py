@@ -1,0 +1,175 @@
+"""OSDP's on-demand fetches, both ends: a worker's :class:`Fetcher` (the transport of
+``nn.ondemand``) and rank 0's :class:`FetchServer`.
+
+A worker holds an on-demand unit (a layer, or a slice of one) only while an item computes with it,
+in one preallocated fetch buffer (``plan.osdp_schedule``). Every message runs on a persistent request
+made once, on a fixed place of that buffer: the fetch of item i (a one-value request naming the unit,
+and the receive of its weights) and the push of its gradient (one send per chunk of the unit, to the
+chunk's owner, with the chunk's tag: the server takes them as part of the push, like any chunk). On
+a GPU without CUDA-aware MPI the requests run on a host mirror of the buffer, copied to and from
+the device around them.
+
+Rank 0 answers a fetch at once from its parameters as they are: under BSP those of the round (no
+round ends before this worker's push), otherwise the latest. The unit is first copied into a reply
+buffer of the worker's, since a push may be applied while the reply is sending.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from ..nn.ondemand import Transport
+from .hybrid import PS
+from .protocol import FETCH_TAG, ProtocolError
+
+#: the byte counters' scheme of fetched weights (their gradients go back as ordinary push chunks, PS)
+FETCH = "fetch"
+
+
+def _unit_names(layout) -> list[str]:
+    """The tensor each unit's bytes are counted under: that of its first chunk."""
+    return [layout.chunk_tensor[chunks[0][0]] for chunks in layout.unit_chunks]
+
+
+class Fetcher(Transport):
+    """A worker's fetch buffer and the requests that fill and empty it.
+
+    Parameters
+    ----------
+    ctx : Context
+    layout : Layout
+        With a schedule (``layout.schedule``).
+    backend : Backend
+        Where the buffer lives (the device on CuPy).
+    staged : bool
+        MPI runs on a host mirror (a GPU without CUDA-aware MPI).
+    check : callable
+        ``check(gradient)``: told every gradient the worker pushes (the NaN/Inf check of the push header).
+    bytes : ByteCounter
+    """
+
+    def __init__(self, ctx, layout, backend, staged: bool, check, bytes):
+        sched = layout.schedule
+        self.sched, self.backend, self.staged, self.check, self.bytes = sched, backend, staged, check, bytes
+        self.buffer = backend.xp.empty(sched.buffer_elems, dtype=np.float32)
+        self.host = np.empty(sched.buffer_elems, dtype=np.float32) if staged else self.buffer
+        self.names = _unit_names(layout)
+        self.wait = None  # set by the worker: wait(requests), with its watchdog
+        self.waited_s, self.messages = 0.0, 0  # seconds waiting on fetches and pushes; their messages
+        self.asks: dict[int, list] = {}
+        self.pushes: dict[int, list] = {}
+        self._asked = []  # the request values, kept alive while their sends may run
+        for i, item in enumerate(sched.items):
+            if item.unit is None:
+                continue
+            unit = sched.units[item.unit]
+            place = self.host[item.at:item.at + unit.elems]
+            if item.fetched:
+                ask = np.array([float(item.unit)])
+                self._asked.append(ask)
+                # the receive is posted before the request goes: the reply always finds it
+                self.asks[i] = [ctx.fetch_comm.Recv_init([place, MPI.FLOAT], 0, FETCH_TAG),
+                                ctx.fetch_comm.Send_init([ask, MPI.DOUBLE], 0, FETCH_TAG)]
+            if item.kind == "backward":
+                self.pushes[i] = [ctx.comm.Send_init([place[off:off + layout.chunks[k].size], MPI.FLOAT],
+                                                     layout.owner[k], layout.chunks[k].tag)
+                                  for k, off in layout.unit_chunks[item.unit]]
+
+    def _place(self, i: int) -> tuple[int, int]:
+        item = self.sched.items[i]
+        return item.at, item.at + self.sched.units[item.unit].elems
+
+    def fetch(self, i: int) -> None:
+        MPI.Prequest.Startall(self.asks[i])
+
+    def arrived(self, i: int) -> None:
+        self._wait(self.asks[i], 2)  # the request and the reply
+        a, b = self._place(i)
+        if self.staged:
+            self.buffer[a:b] = self.backend.asarray(self.host[a:b])
+        self.bytes.received(self.names[self.sched.items[i].unit], FETCH, (b - a) * self.host.itemsize)
+
+    def push(self, i: int) -> None:
+        a, b = self._place(i)
+        if self.staged:
+            self.host[a:b] = self.backend.to_host(self.buffer[a:b])
+        elif self.backend.name != "numpy":
+            self.backend.synchronize()  # CUDA-aware MPI reads the device buffer: the kernels must be done
+        self.check(self.host[a:b])
+        MPI.Prequest.Startall(self.pushes[i])
+        self.bytes.sent(self.names[self.sched.items[i].unit], PS, (b - a) * self.host.itemsize)
+        self._wait(self.pushes[i], 1)  # the place is reused by the next item
+
+    def _wait(self, requests: list, messages: int) -> None:
+        t0 = time.perf_counter()
+        self.wait(requests)
+        self.waited_s += time.perf_counter() - t0
+        self.messages += messages
+
+
+class FetchServer:
+    """Rank 0's answers to the workers' fetches: one request receive posted per worker, each answered
+    at once and posted again.
+
+    Parameters
+    ----------
+    ctx : Context
+    layout : Layout
+        With a schedule.
+    params : numpy.ndarray
+        The whole flat parameter buffer.
+    bytes : ByteCounter
+    """
+
+    def __init__(self, ctx, layout, params: np.ndarray, bytes):
+        n = ctx.workers
+        self.ctx, self.units, self.params, self.bytes = ctx, layout.schedule.units, params, bytes
+        self.names = _unit_names(layout)
+        self.asked = [np.zeros(1) for _ in range(n)]
+        self.recvs = [ctx.fetch_comm.Recv_init([self.asked[w], MPI.DOUBLE], ctx.worker_rank(w), FETCH_TAG)
+                      for w in range(n)]
+        largest = max(u.elems for u in self.units)
+        self.out = [np.empty(largest, dtype=params.dtype) for _ in range(n)]
+        self.sends: list = [None] * n
+        MPI.Prequest.Startall(self.recvs)
+
+    def take(self, last_heard: np.ndarray, now: float) -> bool:
+        """Answer the fetches that have arrived; True when some had."""
+        done = MPI.Request.Testsome(self.recvs)
+        for w in done or ():
+            self._answer(w)
+            last_heard[w] = now
+            self.recvs[w].Start()
+        # MPICH moves a large reply only while both ends poll: while one is in flight, poll again at once
+        sending = False
+        for w, r in enumerate(self.sends):
+            if r is not None and not r.Test():
+                sending = True
+        return bool(done) or sending
+
+    def _answer(self, w: int) -> None:
+        asked = self.asked[w][0]
+        u = int(asked)
+        if u != asked or not 0 <= u < len(self.units):
+            raise ProtocolError(f"fetch from rank {self.ctx.worker_rank(w)}: no unit {asked!r} "
+                                f"(the schedule has {len(self.units)})")
+        if self.sends[w] is not None:  # its previous reply: received before this request was sent
+            self.sends[w].Wait()
+        out, at = self.out[w], 0
+        for a, b in self.units[u].runs:
+            out[at:at + b - a] = self.params[a:b]
+            at += b - a
+        self.sends[w] = self.ctx.fetch_comm.Isend([out[:at], MPI.FLOAT], self.ctx.worker_rank(w), FETCH_TAG)
+        self.bytes.sent(self.names[u], FETCH, at * out.itemsize)
+
+    def close(self) -> None:
+        """After every worker has stopped: withdraw the posted receives, complete the last replies."""
+        for r in self.recvs:
+            r.Cancel()
+            r.Wait()
+        for s in self.sends:
+            if s is not None:
+                s.Wait()

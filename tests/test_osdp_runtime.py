@@ -1,0 +1,250 @@
+"""OSDP plans, run: on-demand and split layers in the worker (``nn.ondemand``, ``plan.osdp_schedule``,
+``runtime.fetch``).
+
+The pure part is checked against :meth:`Model.loss_and_grad` on whole models, with a transport that
+copies units in and out of the fetch buffer the way the worker's messages do. The runs check that
+BSP with on-demand layers equals the single-process oracle (<= 1e-5), that every other sync model
+trains with them, that a worker holds only what the plan says (its measured peak against the bytes
+of its buffers), and that what cannot run is one line before training.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ebsp_mpi import build
+from ebsp_mpi.cli import main
+from ebsp_mpi.config import load_job
+from ebsp_mpi.nn.model import build_model
+from ebsp_mpi.nn.ondemand import OnDemandStep, Transport
+from ebsp_mpi.nn.params import ParamSpace, TensorSpec
+from ebsp_mpi.outputs import read_model
+from ebsp_mpi.plan.osdp_files import PLAN_FORMAT, VERSION, OsdpFileError, model_layers
+from ebsp_mpi.plan.osdp_schedule import make_schedule, on_demand_tensors
+from ebsp_mpi.runtime.layout import _cut
+from mpirun import local, train
+
+
+def write_plan(path: Path, model, choices, overlap: bool = False, batch: int = 32) -> dict:
+    """A plan file for `model`: per layer with parameters 0 (resident), 1 (on demand) or s (slices),
+    its buffer exactly what the units need."""
+    layers = []
+    for entry, s in zip([e for e in model_layers(model) if e["params"]], choices, strict=True):
+        rows = [len(r) for r in np.array_split(np.arange(entry["rows"]), s)] if s else []
+        layers.append({"name": entry["name"], "tensors": entry["tensors"], "params": entry["params"],
+                       "mode": "on-demand" if s else "resident", "slices": max(s, 1), "slice_rows": rows,
+                       "slice_bytes": []})
+    plan = {"format": PLAN_FORMAT, "version": VERSION, "batch_size": batch, "layers": layers,
+            "buffer_bytes": 1 << 40, "network": {"overlap": overlap}, "predicted": {}}
+    plan["buffer_bytes"] = 4 * make_schedule(plan, model).buffer_elems
+    path.write_text(json.dumps(plan))
+    return plan
+
+
+class CopyTransport(Transport):
+    """Units copied from a whole model's weights into the buffer, gradients copied back out; a unit's
+    place must not be written while the item before still computes with its own."""
+
+    def __init__(self, sched, weights, grad):
+        self.sched, self.weights, self.grad = sched, weights, grad
+        self.buffer = np.full(sched.buffer_elems, np.nan, dtype=weights.dtype)
+        self.pending: set[int] = set()
+        self.fetches = 0
+
+    def _runs(self, i):
+        item = self.sched.items[i]
+        at = item.at
+        for a, b in self.sched.units[item.unit].runs:
+            yield at, a, b
+            at += b - a
+
+    def fetch(self, i):
+        for at, a, b in self._runs(i):
+            self.buffer[at:at + b - a] = self.weights[a:b]
+        self.pending.add(i)
+        self.fetches += 1
+
+    def arrived(self, i):
+        assert i in self.pending, f"item {i} computes with a unit never fetched"
+        self.pending.discard(i)
+
+    def push(self, i):
+        for at, a, b in self._runs(i):
+            self.grad[a:b] = self.buffer[at:at + b - a]
+
+
+MODELS = {
+    "mlp": dict(kind="mlp", in_shape=(20,), hidden=(16, 12), plans=[(0, 0, 0), (1, 0, 1), (2, 3, 1), (4, 4, 2),
+                                                                  (0, 2, 0), (1, 1, 1), (0, 0, 5)]),
+    "cnn": dict(kind="cnn", in_shape=(2, 6, 6), hidden=(16,), plans=[(1, 0, 0, 1), (0, 1, 1, 2), (1, 1, 1, 1)]),
+}
+
+
+def _model(spec, resident=None):
+    return build_model(spec["kind"], spec["in_shape"], 5, hidden=spec["hidden"], channels=(3, 4), seed=1,
+                       dtype=np.float64, resident=resident)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["fetch-when-reached", "prefetch"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_on_demand_steps_equal_the_whole_models_loss_and_gradient(name, overlap, tmp_path):
+    spec = MODELS[name]
+    whole = _model(spec)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(7, *spec["in_shape"])), rng.integers(0, 5, 7)
+    loss = whole.loss_and_grad(x, y)
+    for choices in spec["plans"]:
+        plan = write_plan(tmp_path / "plan.json", whole, choices, overlap, batch=7)
+        held = [v.name for v in whole.space.tensors if v.name not in on_demand_tensors(plan)]
+        model = _model(spec, resident=held)
+        assert model.space.data.size == sum(whole.space.view(t).size for t in held)
+        sched = make_schedule(plan, model)
+        grad = np.full(whole.space.size, np.nan)
+        transport = CopyTransport(sched, whole.space.data, grad)
+        reported = []
+        got = OnDemandStep(model, sched, 7).loss_and_grad(x, y, transport, on_grad_ready=lambda t, n: reported.append(t))
+        for t in held:
+            v = whole.space.view(t)
+            grad[v.offset:v.offset + v.size] = model.space.grad_of(t).ravel()
+        assert abs(got - loss) <= 1e-12, choices
+        assert np.abs(grad - whole.space.grad).max() <= 1e-12, choices  # NaN (a gap) fails too
+        assert sorted(set(reported)) == sorted(held)  # wait-free backprop hears of every resident tensor
+        assert not transport.pending
+        assert transport.fetches == sum(it.fetched for it in sched.items)
+
+
+def test_the_schedule_fetches_each_unit_for_its_forward_and_backward_and_keeps_the_last():
+    model = _model(MODELS["mlp"])
+    sched = make_schedule({"layers": write_plan(Path("/dev/null"), model, (2, 0, 3))["layers"],
+                           "buffer_bytes": 1 << 40}, model)
+    assert [(it.kind, it.block) for it in sched.items] == [
+        ("prefix", None), ("forward", 0), ("forward", 0), ("forward", 1), ("forward", 2), ("forward", 2),
+        ("forward", 2), ("backward", 2), ("backward", 2), ("backward", 2), ("backward", 1), ("backward", 0),
+        ("backward", 0)]
+    kept = [it for it in sched.items if it.kept]
+    assert len(kept) == 1 and sched.units[kept[0].unit].k == 2  # the last block's last slice
+    # the units of a layer cover its W and b exactly once
+    space = model.space
+    for j, names in ((0, ("dense1.W", "dense1.b")), (2, ("dense3.W", "dense3.b"))):
+        covered = sorted(r for u in sched.units if u.block == j for r in u.runs)
+        lo, hi = space.view(names[0]).offset, space.view(names[1]).offset + space.view(names[1]).size
+        assert covered[0][0] == lo and covered[-1][1] == hi
+        assert all(a[1] == b[0] for a, b in zip(covered, covered[1:], strict=False))
+    # adjacent units never share a place, and every place fits the buffer
+    places = [(it.at, it.at + sched.units[it.unit].elems) if it.unit is not None else None for it in sched.items]
+    for k in range(len(places) - 1):
+        a, b = places[k], places[k + 1]
+        assert a is None or a[1] <= sched.buffer_elems
+        if a and b and not sched.items[k + 1].kept:
+            assert a[1] <= b[0] or b[1] <= a[0], (k, a, b)
+
+
+def test_a_plan_whose_buffer_is_too_small_or_that_splits_a_conv_is_refused(tmp_path):
+    model = _model(MODELS["mlp"])
+    plan = write_plan(tmp_path / "p.json", model, (2, 2, 0))
+    with pytest.raises(OsdpFileError, match="buffer_bytes"):
+        make_schedule({**plan, "buffer_bytes": plan["buffer_bytes"] - 4}, model)
+    cnn = _model(MODELS["cnn"])
+    layers = write_plan(tmp_path / "c.json", cnn, (0, 1, 1, 1))["layers"]
+    layers[0] = {**layers[0], "mode": "on-demand", "slices": 2, "slice_rows": [2, 1]}
+    with pytest.raises(OsdpFileError, match="Conv2D in 2 slices"):
+        make_schedule({"layers": layers, "buffer_bytes": 1 << 40}, cnn)
+
+
+def test_a_partial_param_space_holds_only_its_tensors_with_the_whole_models_values():
+    specs = [TensorSpec("a.W", (3, 4), "he_normal", 3, 4), TensorSpec("a.b", (4,), "zeros", 3, 4),
+             TensorSpec("b.W", (4, 2), "glorot_uniform", 4, 2), TensorSpec("b.b", (2,), "zeros", 4, 2)]
+    whole, part = ParamSpace(specs), ParamSpace(specs, resident={"b.W", "b.b"})
+    whole.init(3)
+    part.init(3)
+    assert part.data.size == part.grad.size == 10 and part.nbytes == 40 and part.size == whole.size == 26
+    assert part.view("b.W").offset == 16 and part.local_offset("b.W") == 0 and not part.holds("a.W")
+    np.testing.assert_array_equal(part.param("b.W"), whole.param("b.W"))
+    with pytest.raises(KeyError, match="fetched on demand"):
+        part.param("a.W")
+    with pytest.raises(ValueError, match="only some"):
+        part.state_dict()
+
+
+def test_messages_break_at_every_unit_edge():
+    assert _cut([(0, 10), (10, 5)], [4, 10, 12]) == [(0, 4), (4, 6), (10, 2), (12, 3)]
+    assert _cut([(0, 10)], []) == [(0, 10)]
+
+
+# -- runs ------------------------------------------------------------------------------------------------
+
+HIDDEN = "model.hidden=[64, 32]"
+ORACLE = ["sync.model=bsp", "stop.iterations=30", "optim.momentum=0.9", "straggler.enabled=false", HIDDEN]
+
+
+def digits_plan(tmp_path: Path, choices, overlap: bool) -> Path:
+    job = load_job(None, [HIDDEN])
+    path = tmp_path / "plan.json"
+    write_plan(path, build.model(job, build.dataset(job)), choices, overlap)
+    return path
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("choices, overlap, wire", [((2, 1, 0), True, "runtime.wait_free_backprop=true"),
+                                                    ((1, 0, 3), False, "runtime.wait_free_backprop=false")],
+                         ids=["split-ondemand-resident-wfbp", "ondemand-resident-split-kept"])
+def test_bsp_with_on_demand_layers_equals_the_oracle(choices, overlap, wire, tmp_path):
+    plan = digits_plan(tmp_path, choices, overlap)
+    p = train(4, tmp_path / "osdp", f"osdp.plan={plan}", wire, "runtime.chunk_bytes=4096", *ORACLE, timeout=180)
+    assert p.returncode == 0, p.stderr
+    o = local(tmp_path / "oracle", "sync.workers=3", *ORACLE)
+    assert o.returncode == 0, o.stderr
+    a, _ = read_model(tmp_path / "osdp" / "model.h5")
+    b, _ = read_model(tmp_path / "oracle" / "model.h5")
+    assert max(float(np.abs(a[k] - b[k]).max()) for k in a) <= 1e-5
+
+    s = json.loads((tmp_path / "osdp" / "summary.json").read_text())
+    assert s["iterations"] == [30, 30, 30]
+    measured = s["osdp"]["measured"]
+    # the worker holds its resident layers' weights and gradients, the fetch buffer and the split
+    # temporary for the whole run (the activations of this small MLP come on top, well under 1 MiB)
+    job = load_job(None, [HIDDEN])
+    whole = build.model(job, build.dataset(job)).space
+    od = on_demand_tensors(json.loads(plan.read_text()))
+    resident = sum(v.size for v in whole.tensors if v.name not in od) * 4
+    held = 2 * resident + json.loads(plan.read_text())["buffer_bytes"]
+    for peak in measured["peak_bytes"]:
+        assert held <= peak <= held + (1 << 20), (peak, held)
+    assert all(t > 0 for t in measured["iteration_s"])
+    assert all(m > 0 for m in measured["transfer_messages"])  # fetches and their pushes were counted
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("model", ["asp", "ssp", "dssp", "elasticbsp", "psp"])
+def test_every_sync_model_trains_with_on_demand_layers(model, tmp_path):
+    plan = digits_plan(tmp_path, (2, 1, 0), True)
+    p = train(4, tmp_path / "run", f"osdp.plan={plan}", f"sync.model={model}", "stop.iterations=120", HIDDEN,
+              "straggler.slowdown=[1, 1, 2]", "straggler.base_s=0.002", timeout=240)
+    assert p.returncode == 0, p.stderr
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert s["iterations"] == [120, 120, 120] and s["rejected_pushes"] == 0
+    assert s["test_accuracy"] >= 0.9, s["test_accuracy"]
+
+
+@pytest.mark.parametrize("overrides, says", [
+    ([], "run it under mpiexec"),
+    (["runtime.servers=2"], "set runtime.servers = 1"),
+    (["comm.hybrid=sfb"], "set comm.hybrid = 'ps'"),
+])
+def test_what_on_demand_layers_cannot_run_with_is_one_line_before_training(overrides, says, tmp_path, capsys,
+                                                                          monkeypatch):
+    plan = digits_plan(tmp_path, (1, 0, 0), False)
+    if overrides:  # as under mpiexec with 4 ranks
+        monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
+        monkeypatch.setenv("PMI_SIZE", "4")
+    args = ["train", "--set", f"osdp.plan={plan}", "--set", HIDDEN, "-q", "--out", str(tmp_path / "run")]
+    for o in overrides:
+        args += ["--set", o]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
+    assert not (tmp_path / "run").exists()
