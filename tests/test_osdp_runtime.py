@@ -248,3 +248,26 @@ def test_what_on_demand_layers_cannot_run_with_is_one_line_before_training(overr
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and says in err[0], err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("wire", ["runtime.cuda_aware_mpi=false", "runtime.cuda_aware_mpi=true"],
+                         ids=["staged", "cuda-aware"])
+def test_bsp_with_on_demand_layers_on_the_fake_device_equals_the_oracle(wire, tmp_path):
+    """The CuPy path of the fetch buffer (tests/fakecupy.py): staged through a host mirror, or read
+    and written by MPI on the device after a synchronize."""
+    import fakecupy
+    from test_gpu_paths import FAKE_PATH
+
+    plan = digits_plan(tmp_path, (2, 1, 3), True)
+    env = {"PYTHONPATH": str(FAKE_PATH), fakecupy.DEVICES_ENV: "2"}
+    p = train(4, tmp_path / "gpu", "backend=cupy", f"osdp.plan={plan}", wire, *ORACLE, timeout=180, extra_env=env)
+    assert p.returncode == 0, p.stderr
+    o = local(tmp_path / "oracle", "sync.workers=3", *ORACLE)
+    assert o.returncode == 0, o.stderr
+    a, _ = read_model(tmp_path / "gpu" / "model.h5")
+    b, _ = read_model(tmp_path / "oracle" / "model.h5")
+    assert max(float(np.abs(a[k] - b[k]).max()) for k in a) <= 1e-5
+    s = json.loads((tmp_path / "gpu" / "summary.json").read_text())
+    assert "cupy:" in json.dumps(s) and len(s["osdp"]["measured"]["peak_bytes"]) == 3

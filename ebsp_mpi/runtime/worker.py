@@ -67,8 +67,8 @@ class Worker:
         space = self.model.space
         direct = self.backend.name == "numpy" or job.runtime.cuda_aware_mpi
         # MPI reads and writes these; on a GPU without CUDA-aware MPI they are host mirrors
-        self.params_buf = space.data if direct else np.empty(space.size, dtype=np.float32)
-        self.grad_buf = space.grad if direct else np.empty(space.size, dtype=np.float32)
+        self.params_buf = space.data if direct else np.empty(space.data.size, dtype=np.float32)
+        self.grad_buf = space.grad if direct else np.empty(space.grad.size, dtype=np.float32)
         self.staged = not direct
         warm_up()  # the NaN/Inf check of every pushed chunk: compiled now, not in the first (timed) push
         self.layout = layout = make_layout(ctx, job, self.model)
