@@ -85,6 +85,7 @@ def _job(args) -> int:
         check_profile_fits(profile, layers, f"--profile {args.profile}")
         sizes = parse_batch_sizes(args.batch_sizes) if args.batch_sizes else None
         overhead = _seconds(args.overhead, "--overhead") if args.overhead is not None else None
+        profile = _network_given(profile, args)
     else:
         from .profile import run_profile
 
@@ -108,6 +109,19 @@ def _job(args) -> int:
         print(f"wrote {args.out}: train with --set osdp.plan={args.out}"
               + (f" --set data.batch_size={best.batch}" if best.batch != job.data.batch_size else ""))
     return 0
+
+
+def _network_given(profile: dict, args) -> dict:
+    """The profile with the network the options give instead of its own (``--bench`` or ``--latency``
+    / ``--bandwidth``, and ``--overlap``): e.g. a latency measured on the runs themselves."""
+    from .profile import network_options
+
+    net = dict(profile["network"])
+    if args.bench or args.latency or args.bandwidth:
+        net.update(network_options(args))
+    if args.overlap:
+        net["overlap"] = args.overlap == "yes"
+    return {**profile, "network": net}
 
 
 def print_plan(best, cm, models, limit: int, out=None) -> None:

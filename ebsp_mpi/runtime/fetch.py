@@ -144,11 +144,8 @@ class FetchServer:
             last_heard[w] = now
             self.recvs[w].Start()
         # MPICH moves a large reply only while both ends poll: while one is in flight, poll again at once
-        sending = False
-        for w, r in enumerate(self.sends):
-            if r is not None and not r.Test():
-                sending = True
-        return bool(done) or sending
+        sending = [r is not None and not r.Test() for r in self.sends]  # each tested: each progresses
+        return bool(done) or any(sending)
 
     def _answer(self, w: int) -> None:
         asked = self.asked[w][0]
