@@ -83,15 +83,19 @@ class Model:
         stop = 0 if input_grad else self._first_trainable
         dy = dlogits
         for i in range(len(self.layers) - 1, stop - 1, -1):
-            layer, need_dx = self.layers[i], input_grad or i > stop
-            if on_grad_ready is not None and layer.reports_grad_blocks:
-                dy = layer.backward(dy, need_dx=need_dx, ready=on_grad_ready, block_elems=block_elems)
-            else:
-                dy = layer.backward(dy, need_dx=need_dx)
-            if on_grad_ready is not None:
-                for name in layer.tensor_names:
-                    on_grad_ready(name, self.space.view(name).size)
+            dy = self.backward_layer(self.layers[i], dy, input_grad or i > stop, on_grad_ready, block_elems)
         return dy
+
+    def backward_layer(self, layer, dy, need_dx: bool, on_grad_ready=None, block_elems: int = 0):
+        """One layer's backward, its tensors reported to `on_grad_ready` (see :meth:`loss_and_grad`)."""
+        if on_grad_ready is not None and layer.reports_grad_blocks:
+            dx = layer.backward(dy, need_dx=need_dx, ready=on_grad_ready, block_elems=block_elems)
+        else:
+            dx = layer.backward(dy, need_dx=need_dx)
+        if on_grad_ready is not None:
+            for name in layer.tensor_names:
+                on_grad_ready(name, self.space.view(name).size)
+        return dx
 
     def _backward_factors(self, dlogits, on_grad_ready, block_elems: int, factors: FactorSpace,
                           on_factors_ready):

@@ -133,20 +133,10 @@ class OnDemandStep:
                 dy = model.layers[i].backward(dy, need_dx=True)
         layer, need_dx = model.layers[first], first > model._first_trainable
         if unit is None:
-            return self._backward_resident(layer, dy, need_dx, on_grad_ready, block_elems)
+            return model.backward_layer(layer, dy, need_dx, on_grad_ready, block_elems)
         if unit.slices == 1:
             return self._backward_whole(layer, unit, item.at, transport.buffer, dy, need_dx)
         return self._backward_slice(layer, unit, item.at, transport.buffer, dy, need_dx)
-
-    def _backward_resident(self, layer, dy, need_dx, on_grad_ready, block_elems):
-        if on_grad_ready is not None and layer.reports_grad_blocks:
-            dx = layer.backward(dy, need_dx=need_dx, ready=on_grad_ready, block_elems=block_elems)
-        else:
-            dx = layer.backward(dy, need_dx=need_dx)
-        if on_grad_ready is not None:
-            for name in layer.tensor_names:
-                on_grad_ready(name, self.model.space.view(name).size)
-        return dx
 
     def _backward_whole(self, layer, unit, at, buffer, dy, need_dx):
         self._bind(layer, unit, at, buffer)
