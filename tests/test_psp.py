@@ -83,6 +83,52 @@ def test_samples_are_seeded_by_worker_and_push_only():
     assert [a.draw(2, c) for c in range(20)] != [PSP(10, sample=3, seed=8).draw(2, c) for c in range(20)]
 
 
+def test_samples_do_not_depend_on_the_order_they_are_drawn_in():
+    """Blocks of a worker's uniforms come from one generator that goes on, or jumps to the block asked for."""
+    pushes = range(0, 700, 3)
+    forward = [PSP(40, sample=3, seed=5).draw(7, c) for c in pushes]
+    backward = PSP(40, sample=3, seed=5)
+    assert [backward.draw(7, c) for c in reversed(pushes)][::-1] == forward
+    shuffled = np.random.default_rng(0).permutation(list(pushes)).tolist()
+    scattered = PSP(40, sample=3, seed=5)
+    assert dict(zip(shuffled, [scattered.draw(7, c) for c in shuffled], strict=True)) == dict(zip(pushes, forward))
+
+
+class OneByOne(PSP):
+    """PSP drawing every sample with Floyd's algorithm push by push, instead of a block at once."""
+
+    def draw(self, worker, pushes):
+        block, row = divmod(pushes, 64)
+        return self._floyd(worker, self._uniforms(worker, block)[row].tolist())
+
+
+@pytest.mark.parametrize("n, sample", [(3, 1), (5, 2), (9, 4), (40, 2), (40, 16), (40, 17), (300, 3)])
+def test_a_block_of_samples_drawn_at_once_is_floyd_push_by_push(n, sample):
+    """Also when workers leave in the middle of a block, and for a worker that left."""
+    block, one = PSP(n, sample=sample, seed=2), OneByOne(n, sample=sample, seed=2)
+    drawn = []
+    for c in range(150):
+        if c in (30, 100, 101) and len(block.active) > 1:  # a departure within a block and across one
+            leaver = sorted(block.active)[c % len(block.active)]
+            block.on_leave(leaver, 0.0)
+            one.on_leave(leaver, 0.0)
+        drawn += [(block.draw(w, c), one.draw(w, c)) for w in (0, n // 2, n - 1)]
+    assert all(a == b for a, b in drawn)
+    assert len({a for a, _ in drawn}) > 1 or n <= sample + 1
+
+
+def test_samples_are_uniform_subsets_of_the_other_workers():
+    """Worker 0 of 6 with β = 2: each of the 10 pairs of the 5 others about 1 draw in 10 (binomial
+    standard deviation about 30 of the expected 1,000; 6 of them allowed)."""
+    policy = PSP(6, sample=2, seed=1)
+    counts = {}
+    for c in range(10_000):
+        pair = policy.draw(0, c)
+        counts[pair] = counts.get(pair, 0) + 1
+    assert sorted(counts) == [(i, j) for i in range(1, 6) for j in range(i + 1, 6)]
+    assert all(abs(k - 1000) < 180 for k in counts.values()), counts
+
+
 def test_the_registry_builds_psp_from_the_sync_section_and_the_job_seed():
     policy = make_policy(SyncConfig(model="psp", sample=3, staleness=1), 5, seed=11)
     assert isinstance(policy, PSP) and (policy.sample, policy.staleness, policy.seed) == (3, 1, 11)

@@ -13,12 +13,18 @@ workers and PSP is SSP(s), release for release.
 
 The sample of worker i at its c-th push is drawn by Floyd's algorithm (a uniform subset of β of the
 other active workers) from β uniforms keyed by ``(seed, i, c)``, so a live run and a simulation of it
-draw the same samples, whatever the order of events. The uniforms of 64 pushes of a worker come from
-one Philox generator keyed by ``(seed, i, c // 64)``: a generator per push would cost more than the
-rest of the push, and a simulation makes millions of them.
+draw the same samples, whatever the order of events: outputs c·β .. c·β + β − 1 of a Philox generator
+keyed by ``(seed, i)``. Philox is counter-based, so any push's uniforms are at hand without those
+before them; a worker's are drawn 64 pushes at a time from one generator that goes on from block to
+block, and the 64 samples of a block are drawn together, with NumPy, among the workers active then
+(a push after a departure draws its own). A generator or a Floyd draw per push would cost more than
+the rest of the push, and a simulation makes millions of them.
 """
 
 from __future__ import annotations
+
+import bisect
+from array import array
 
 import numpy as np
 
@@ -26,7 +32,8 @@ from .base import NOTHING, Decision, SyncPolicy
 from .ssp import check_count
 
 
-#: Pushes of one worker whose uniforms are drawn together (see the module docstring).
+#: Pushes of one worker whose samples are drawn together (see the module docstring); a multiple of 4,
+#: Philox's outputs per counter step.
 _BLOCK = 64
 
 
@@ -59,26 +66,72 @@ class PSP(SyncPolicy):
         self.waiting: dict[int, tuple[tuple[int, ...], int]] = {}
         # worker j -> held workers watching j, a laggard of their sample (see _freed_by)
         self._watchers: dict[int, list[int]] = {}
-        # worker -> (block, its uniforms): see _uniforms
-        self._blocks: dict[int, tuple[int, list[list[float]]]] = {}
+        # worker -> (block, active workers, uniforms, samples) of its current block of pushes: see _block
+        self._blocks: dict[int, tuple] = {}
+        # worker -> (its Philox generator, the block whose uniforms it draws next)
+        self._streams: dict[int, tuple[np.random.Generator, int]] = {}
 
     def draw(self, worker: int, pushes: int) -> tuple[int, ...]:
         """The sample of `worker` at its `pushes`-th push: β of the other active workers, seeded by
         ``(seed, worker, pushes)``, sorted."""
+        block, row = divmod(pushes, _BLOCK)
+        cached = self._blocks.get(worker)
+        if cached is None or cached[0] != block:
+            cached = self._blocks[worker] = self._block(worker, block)
+        if cached[1] == len(self._active_list):  # nobody left since the block's samples were drawn
+            row *= self.sample
+            return tuple(cached[3][row:row + self.sample])
+        return self._floyd(worker, cached[2][row].tolist())
+
+    def _block(self, worker: int, block: int) -> tuple:
+        """``(block, active, uniforms, samples)`` of one block of `worker`'s pushes: the samples of all
+        its pushes, one row of β after another, drawn among the active workers of now, and `active`
+        their number (the active workers only ever decrease, so it tells whether they are the same).
+
+        The samples are :meth:`_floyd`'s, for all the rows at once. With β > 16 (quadratic here) or
+        β or fewer others (no draw) they are left to it (`active` -1 matches nothing)."""
+        uniforms = self._uniforms(worker, block)
+        active = self.active_index
+        present = worker in self.active
+        beta, others = self.sample, len(active) - present
+        if beta > 16 or others <= beta:
+            return block, -1, uniforms, None
+        # Floyd: the c-th uniform picks r in 0..j for j = m - β + c, or j itself where r is taken already
+        chosen = (uniforms * np.arange(others - beta + 1, others + 1)).astype(np.int64)
+        for c in range(1, beta):
+            r = chosen[:, c]
+            r[(chosen[:, :c] == r[:, None]).any(axis=1)] = others - beta + c
+        chosen.sort(axis=1)
+        if present:  # position p among the others is active worker p before `worker`, p + 1 from it on
+            chosen += chosen >= bisect.bisect_left(self._active_list, worker)
+        # one array: a list of tuples would take several times the memory and be slower to read
+        return block, len(active), uniforms, array("q", active[chosen].astype(np.int64, copy=False).tobytes())
+
+    def _uniforms(self, worker: int, block: int) -> np.ndarray:
+        """The (pushes, β) uniforms in [0, 1) of one block of `worker`'s pushes (see the module docstring)."""
+        stream = self._streams.get(worker)
+        if stream is None or stream[1] != block:  # not where its last block left the generator: go there
+            key = np.random.SeedSequence([self.seed, worker]).generate_state(2, np.uint64)
+            # each counter step makes 4 outputs, one uniform each: the block starts at step block·_BLOCK·β/4
+            generator = np.random.Generator(np.random.Philox(counter=block * _BLOCK * self.sample // 4, key=key))
+        else:
+            generator = stream[0]
+        self._streams[worker] = (generator, block + 1)
+        return generator.random((_BLOCK, self.sample))
+
+    def _floyd(self, worker: int, uniforms: list[float]) -> tuple[int, ...]:
+        """The sample drawn with β `uniforms`: Floyd's uniform subset of β of the active workers other
+        than `worker` (all of them when they are β or fewer), sorted."""
         active = self._active_list
         present = worker in self.active
         others = len(active) - present
         if others <= self.sample:
             return tuple(w for w in active if w != worker)
-        block, row = divmod(pushes, _BLOCK)
-        cached = self._blocks.get(worker)
-        if cached is None or cached[0] != block:
-            cached = self._blocks[worker] = (block, self._uniforms(worker, block))
-        # Floyd: for j = m - β .. m - 1 take a uniform r in 0..j, or j itself if r is taken already
         chosen: list[int] = []
         seen = chosen if self.sample <= 16 else set()  # membership tests: a short list is quicker
+        # for j = m - β .. m - 1 take a uniform r in 0..j, or j itself if r is taken already
         j = others - self.sample
-        for u in cached[1][row]:
+        for u in uniforms:
             r = int(u * (j + 1))
             if r in seen:
                 r = j
@@ -95,11 +148,6 @@ class PSP(SyncPolicy):
             sample.append(w)
         return tuple(sample)
 
-    def _uniforms(self, worker: int, block: int) -> list[list[float]]:
-        """β uniforms in [0, 1) for each push of one block of `worker`'s (see the module docstring)."""
-        key = np.random.SeedSequence([self.seed, worker, block])
-        return np.random.Generator(np.random.Philox(key)).random((_BLOCK, self.sample)).tolist()
-
     def _decide_push(self, worker: int, t: float) -> Decision:
         pushes = self._done[worker]
         need = pushes - self.staleness
@@ -108,7 +156,12 @@ class PSP(SyncPolicy):
             lagging, sample = -1, ()
         else:
             sample = self.draw(worker, pushes)
-            lagging = self._lagging(sample, need)
+            done, active = self._done, self.active
+            for lagging in sample:  # self._lagging(sample, need), written out (a call per push saved)
+                if done[lagging] < need and lagging in active:
+                    break
+            else:
+                lagging = -1
         if lagging < 0:
             if not release:
                 return self._alone[worker]
@@ -161,3 +214,4 @@ class PSP(SyncPolicy):
         self.waiting.clear()
         self._watchers.clear()
         self._blocks.clear()
+        self._streams.clear()
