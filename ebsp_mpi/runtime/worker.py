@@ -107,7 +107,7 @@ class Worker:
         if layout.schedule is not None:  # OSDP: the on-demand layers' buffer and messages
             self.ondemand = OnDemandStep(self.model, layout.schedule, job.data.batch_size)
             self.fetcher = Fetcher(ctx, layout, self.backend, self.staged, self._check_finite, self.bytes)
-        self.starts: list[float] = []  # each iteration's start: the median iteration time
+        self.iteration_starts: list[float] = []  # each iteration's start: the median iteration time
         # the server's keep-alive while it holds our pull (its content is never read)
         self.alive_buf = np.zeros(1)
         self.keepalive = comm.Recv_init([self.alive_buf, MPI.DOUBLE], 0, ALIVE_TAG)
@@ -172,7 +172,7 @@ class Worker:
             wait_all(pulls, backoff, server, arrived.update)
             self._count_pull(pulls is self.pulls)
             t_start = ctx.now()
-            self.starts.append(t_start)
+            self.iteration_starts.append(t_start)
             wait_total += t_start - t_push
             used, version, stop = version, int(self.pull_header[PULL.version]), bool(self.pull_header[PULL.stop])
             if self.sfb_bsp and used is not None and not stop:
@@ -232,7 +232,7 @@ class Worker:
         stats = {"iterations": iteration, "wait_seconds": wait_total, "compute_seconds": compute_total,
                  "injected_delay_seconds": delay_total, "backend": backend.describe(), "bytes": self.bytes.as_dict()}
         if self.peak is not None:  # OSDP: what the plan predicted, measured
-            starts = np.diff(self.starts[1:])  # each iteration start to start, the first (warm-up) left out
+            starts = np.diff(self.iteration_starts[1:])  # each iteration start to start, the first (warm-up) left out
             fetcher = self.fetcher
             stats["osdp"] = {"peak_bytes": self.peak.stop(),
                              "iteration_s": float(np.median(starts)) if starts.size else None,
