@@ -167,8 +167,10 @@ class DSSP(SSP):
                 # With s = 0 (so s_i may be 0) the push that raises the minimum to done_i both frees
                 # the worker and asks the controller for the minimum's count, done_i, before the
                 # worker's release files its new prediction: the held one (last release plus the new
-                # interval) is read. With s >= 1 it never is: a held worker goes while the minimum is
-                # still below its count, and its release files a newer one, so it is not filed.
+                # interval) is read. With s >= 1 it never is, so it is not filed: a push raises the
+                # minimum by one at most, so a held worker goes while the minimum is still below its
+                # count (a departure may raise it further, but asks the controller nothing), and its
+                # release files a newer one.
                 self._note(worker)
             if not release:
                 return NOTHING
