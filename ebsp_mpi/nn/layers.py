@@ -57,9 +57,11 @@ class Dense(Layer):
         self.bind_arrays(space.param(w), space.param(b), space.grad_of(w), space.grad_of(b))
 
     def bind_arrays(self, W, b, dW, db) -> None:
-        """Compute with these arrays as ``W``, ``b`` and their gradients (``bind`` takes them from a
-        ParamSpace; an OSDP on-demand layer from its fetch buffer)."""
-        self.W, self.b, self.dW, self.db = W, b, dW, db
+        """Compute with these arrays as ``W``, ``b`` and their gradients, ``W`` and ``dW`` flat or
+        ``(in, out)`` (``bind`` takes them from a ParamSpace; an OSDP on-demand layer from its fetch
+        buffer, the gradients over the weights)."""
+        shape = (self.in_shape[0], self.out)
+        self.W, self.b, self.dW, self.db = W.reshape(shape), b, dW.reshape(shape), db
 
     def forward(self, x, train):
         y = self.xp.matmul(x, self.W)
@@ -70,8 +72,9 @@ class Dense(Layer):
 
     reports_grad_blocks = True
 
-    def backward(self, dy, need_dx=True, ready=None, block_elems: int = 0):
-        """Gradients of W and b from `dy`; ``dx`` when `need_dx`.
+    def backward(self, dy, need_dx=True, ready=None, block_elems: int = 0, dx_first=False):
+        """Gradients of W and b from `dy`; ``dx`` when `need_dx`. With `dx_first`, ``dx`` (which reads W)
+        is computed before ``dW`` is written: ``dW`` may then share W's memory (OSDP's on-demand layers).
 
         With `ready` and a `block_elems` smaller than W, ``dW`` is computed in blocks of whole rows,
         and ``ready(name of W, stop)`` is called after each block, ``stop`` being how many leading
@@ -81,6 +84,7 @@ class Dense(Layer):
         product over the batch either way.
         """
         xp, x = self.xp, self._x
+        dx = xp.matmul(dy, self.W.T) if need_dx and dx_first else None
         rows = max(1, block_elems // self.out) if ready is not None and block_elems else x.shape[1]
         if rows >= x.shape[1]:
             xp.matmul(x.T, dy, out=self.dW)
@@ -90,7 +94,9 @@ class Dense(Layer):
                 ready(self.tensor_names[0], stop * self.out)
         xp.sum(dy, axis=0, out=self.db)
         self._x = None
-        return xp.matmul(dy, self.W.T) if need_dx else None
+        if need_dx and dx is None:
+            dx = xp.matmul(dy, self.W.T)
+        return dx
 
     def backward_factors(self, dy, factors, need_dx=True, on_factors_ready=None):
         """Like :meth:`backward`, but the weight gradient leaves as sufficient factors (Poseidon's SFB).

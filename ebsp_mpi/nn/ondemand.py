@@ -118,9 +118,7 @@ class OnDemandStep:
         """A whole on-demand layer computes with its unit as W and b, and writes dW, db over them."""
         region = buffer[at:at + unit.elems]
         w = region.size - (layer.out_channels if isinstance(layer, Conv2D) else layer.out)
-        W, b = region[:w], region[w:]
-        W = W.reshape(layer.in_shape[0], layer.out) if not isinstance(layer, Conv2D) else W
-        layer.bind_arrays(W, b, W, b)
+        layer.bind_arrays(region[:w], region[w:], region[:w], region[w:])
 
     # -- backward ----------------------------------------------------------------------------------
 
@@ -140,14 +138,7 @@ class OnDemandStep:
 
     def _backward_whole(self, layer, unit, at, buffer, dy, need_dx):
         self._bind(layer, unit, at, buffer)
-        if isinstance(layer, Conv2D):
-            return layer.backward(dy, need_dx=need_dx, dx_first=True)
-        xp, x = self.model.xp, layer._x
-        dx = xp.matmul(dy, layer.W.T) if need_dx else None  # reads W: before dW overwrites it
-        xp.matmul(x.T, dy, out=layer.W)
-        xp.sum(dy, axis=0, out=layer.b)
-        layer._x = None
-        return dx
+        return layer.backward(dy, need_dx=need_dx, dx_first=True)  # dx reads W before dW overwrites it
 
     def _backward_slice(self, layer, unit, at, buffer, dy, need_dx):
         """Slice k of a split Dense, last slice first: its rows of dx, then dW_k over W_k (and db over
