@@ -73,8 +73,6 @@ class Schedule:
         Elements of the fetch buffer.
     overlap : bool
         Fetch each unit while the item before computes (else when its item is reached).
-    on_demand : set of str
-        The tensors no worker holds between uses.
     """
 
     prefix: int
@@ -84,7 +82,6 @@ class Schedule:
     items: list[Item]
     buffer_elems: int
     overlap: bool
-    on_demand: frozenset
 
     def cuts(self) -> list[int]:
         """Every element offset where a unit's run starts or stops: the messages of a push must break
@@ -132,8 +129,7 @@ def make_schedule(plan: dict, model, where: str = "osdp.plan") -> Schedule:
         raise OsdpFileError(f"{where}: buffer_bytes = {planned}, but the units need {buffer * 4}; plan again")
     overlap = bool(plan.get("network", {}).get("overlap", False))
     return Schedule(prefix=with_params[0] if with_params else len(layers), blocks=bounds, slices=slices, units=units,
-                    items=items, buffer_elems=buffer, overlap=overlap,
-                    on_demand=on_demand_tensors(plan))
+                    items=items, buffer_elems=buffer, overlap=overlap)
 
 
 def _units(j: int, layer, space, slice_rows: list[int]) -> list[Unit]:
@@ -186,8 +182,8 @@ def _place(items: list[Item], units: list[Unit]) -> tuple[int, list[Item]]:
     """The buffer's size (the largest adjacent pair of units, a kept unit counted once) and each item
     with its unit at the front or the back of it, alternately."""
     size = [units[it.unit].elems if it.unit is not None else 0 for it in items]
-    buffer = max((size[k] + (0 if items[k + 1].kept else size[k + 1]) for k in range(len(items) - 1)), default=0)
-    buffer = max([buffer] + size)
+    nxt = [0 if it.kept else n for it, n in zip(items[1:], size[1:], strict=True)] + [0]
+    buffer = max(a + b for a, b in zip(size, nxt, strict=True))
     placed, next_front, last = [], True, (0, True)
     for it, n in zip(items, size, strict=True):
         if it.unit is None:
