@@ -144,8 +144,10 @@ class FetchServer:
             last_heard[w] = now
             self.recvs[w].Start()
         # MPICH moves a large reply only while both ends poll: while one is in flight, poll again at once
-        sending = [r is not None and not r.Test() for r in self.sends]  # each tested: each progresses
-        return bool(done) or any(sending)
+        for w, r in enumerate(self.sends):
+            if r is not None and r.Test():
+                self.sends[w] = None
+        return bool(done) or any(r is not None for r in self.sends)
 
     def _answer(self, w: int) -> None:
         asked = self.asked[w][0]

@@ -81,24 +81,24 @@ class Worker:
         self.chunks = chunks
         # where each chunk lies in this worker's buffers (None: an on-demand unit's, never held there)
         self.local = [_local_slice(space, self.chunk_tensor[k], c) for k, c in enumerate(chunks)]
-        held = [k for k in range(len(chunks)) if self.local[k] is not None]
-        self.pushes = [comm.Send_init([self.grad_buf[self.local[k]], MPI.FLOAT], owner[k], chunks[k].tag)
-                       if k in held else None for k in range(len(chunks))]
+        held = [k for k, at in enumerate(self.local) if at is not None]
+        self.pushes = [None if at is None else comm.Send_init([self.grad_buf[at], MPI.FLOAT], owner[k], chunks[k].tag)
+                       for k, at in enumerate(self.local)]
         # the header last, to every server: it completes the push on each
         self.header_sends = [comm.Send_init([self.push_header, MPI.DOUBLE], s, PUSH_TAG) for s in range(ctx.servers)]
         self.started = np.zeros(len(chunks), dtype=bool)  # chunks of the current push already sent
         # an SFB layer's weight gradient goes as factors, an on-demand unit's from the fetch buffer
-        self.never_sent = self.sfb_chunk | np.array([k not in held for k in range(len(chunks))], dtype=bool)
+        self.never_sent = self.sfb_chunk | np.array([at is None for at in self.local], dtype=bool)
         self.started[self.never_sent] = True
         self.chunks_of = _chunks_of_tensors(space, chunks)  # tensor name -> indices of its chunks
         self.first_chunks = held
-        self.pulls = [comm.Recv_init([self.pull_header, MPI.DOUBLE], 0, PULL_TAG)]
-        self.pulls += [comm.Recv_init([self.params_buf[self.local[k]], MPI.FLOAT], owner[k], chunks[k].tag)
-                       for k in held]
+        chunk_pulls = {k: comm.Recv_init([self.params_buf[self.local[k]], MPI.FLOAT], owner[k], chunks[k].tag)
+                       for k in held}
+        self.pulls = [comm.Recv_init([self.pull_header, MPI.DOUBLE], 0, PULL_TAG)] + list(chunk_pulls.values())
         self.pull_source = [0] + [owner[k] for k in held]  # the rank each pull request hears from
         # after the first pull, BSP's replies leave out the SFB layers, which every worker steps itself
         self.pulled_chunks = [k for k in held if not (self.sfb_bsp and self.sfb_chunk[k])]
-        self.later_pulls = [self.pulls[0]] + [self.pulls[1 + held.index(k)] for k in self.pulled_chunks]
+        self.later_pulls = [self.pulls[0]] + [chunk_pulls[k] for k in self.pulled_chunks]
         self.later_sources = [0] + [owner[k] for k in self.pulled_chunks]
         # everything a push sends: completed before the gradient and the factors are written again
         self.outgoing = [r for r in self.pushes if r is not None] + self.header_sends \
