@@ -8,9 +8,11 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ebsp_mpi.errors import UsageError
+from ebsp_mpi.outputs import read_model
 from ebsp_mpi.runtime.env import cap_blas_threads, find_mpiexec
 
 
@@ -123,3 +125,12 @@ def signal_rank_mid_run(tmp_path: Path, rank: int, sig: int, stall: float, *over
                         os.kill(pid, signal.SIGKILL)
             time.sleep(0.1)
     return proc.returncode, took, log.read_text(), out
+
+
+def max_abs_difference(a_dir: Path, b_dir: Path) -> float:
+    """The largest difference between two runs' trained models (``model.h5``), which must have the
+    same tensors and the same number of versions."""
+    a, attrs_a = read_model(a_dir / "model.h5")
+    b, attrs_b = read_model(b_dir / "model.h5")
+    assert sorted(a) == sorted(b) and attrs_a["version"] == attrs_b["version"]
+    return max(float(np.abs(a[k] - b[k]).max()) for k in a)

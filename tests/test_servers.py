@@ -20,7 +20,8 @@ from ebsp_mpi.outputs import read_model
 from ebsp_mpi.runtime.protocol import owner_of_chunks, plan_chunks, plan_shards
 from ebsp_mpi.trace import read_run
 from datafiles import write_poisoned
-from mpirun import child_env, local, mpiexec, signal_rank_mid_run, train, watchdog_flags
+from mpirun import (child_env, local, max_abs_difference, mpiexec, signal_rank_mid_run, train,
+                    watchdog_flags)
 
 ORACLE = ["sync.model=bsp", "stop.iterations=40", "optim.momentum=0.9", "optim.weight_decay=5e-4",
           "straggler.enabled=false"]
@@ -29,13 +30,6 @@ STRAGGLER = ["straggler.slowdown=[1, 1, 3]", "straggler.base_s=0.004", "straggle
 
 def summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
-
-
-def max_abs_difference(a_dir: Path, b_dir: Path) -> float:
-    a, attrs_a = read_model(a_dir / "model.h5")
-    b, attrs_b = read_model(b_dir / "model.h5")
-    assert sorted(a) == sorted(b) and attrs_a["version"] == attrs_b["version"]
-    return max(float(np.abs(a[k] - b[k]).max()) for k in a)
 
 
 # -- the shard plan (pure) ------------------------------------------------------------------------------
