@@ -57,7 +57,7 @@ class OnDemandStep:
         pushed through `transport` (see the module docstring)."""
         model, sched = self.model, self.schedule
         items = sched.items
-        h, dy, loss = model._as_input(x), None, None
+        h, loss = model._as_input(x), None
         for i, item in enumerate(items):
             if sched.overlap and i + 1 < len(items) and items[i + 1].fetched:
                 transport.fetch(i + 1)  # while this item computes
@@ -70,9 +70,9 @@ class OnDemandStep:
             elif item.kind == "forward":
                 h = self._forward(item, h, transport)
                 if item.block == len(sched.blocks) - 1 and self._last_of_block(item):
-                    loss, dy = softmax_cross_entropy(h, model.xp.asarray(y))
+                    loss, self._dy = softmax_cross_entropy(h, model.xp.asarray(y))
             else:
-                dy = self._backward(item, dy, transport, on_grad_ready, block_elems)
+                self._backward(item, transport, on_grad_ready, block_elems)
                 if item.unit is not None:
                     transport.push(i)
         return loss
@@ -122,7 +122,14 @@ class OnDemandStep:
 
     # -- backward ----------------------------------------------------------------------------------
 
-    def _backward(self, item, dy, transport, on_grad_ready, block_elems):
+    def _backward(self, item, transport, on_grad_ready, block_elems) -> None:
+        """Item's backward from the output gradient ``self._dy``, which it replaces by the input
+        gradient. Only ``self`` refers to it: a caller holding it would keep it alive while the input
+        gradient is computed, one more activation at the peak than ``Model.loss_and_grad`` holds."""
+        dy, self._dy = self._dy, None
+        self._dy = self._backward_item(item, dy, transport, on_grad_ready, block_elems)
+
+    def _backward_item(self, item, dy, transport, on_grad_ready, block_elems):
         model = self.model
         first, stop = self.schedule.blocks[item.block]
         unit = None if item.unit is None else self.schedule.units[item.unit]
@@ -150,8 +157,8 @@ class OnDemandStep:
         if unit.k == unit.slices - 1:
             self._dx = xp.empty_like(x) if need_dx else None
             xp.sum(dy, axis=0, out=region[rows * out:])
-        if need_dx:
-            self._dx[:, unit.row0:unit.row1] = xp.matmul(dy, W.T)
+        if need_dx:  # written in place: a temporary of the slice's rows of dx would add to the peak
+            xp.matmul(dy, W.T, out=self._dx[:, unit.row0:unit.row1])
         xp.matmul(x[:, unit.row0:unit.row1].T, dy, out=W)
         if unit.k > 0:
             return dy  # the slices before this one take the same output gradient
