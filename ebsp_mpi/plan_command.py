@@ -140,7 +140,8 @@ def print_plan(best, cm, models, limit: int, out=None) -> None:
               f"{unit:>12}", file=out)
     m = best.memory
     print(f"predicted peak memory: {_size(m.total)} = resident {_size(m.resident)} + fetch buffer "
-          f"{_size(m.buffer)} + split temporary {_size(m.split_temp)} + activations {_size(m.activations)}", file=out)
+          f"{_size(m.buffer)} + split temporary {_size(m.split_temp)} + input gradient {_size(m.input_grad)} + "
+          f"activations {_size(m.activations)}", file=out)
     print(f"predicted iteration: {best.iteration_s * 1e3:.3f} ms, {best.samples_per_s:.1f} samples/s "
           f"({osdp.category(best.choices)})", file=out)
     resident = osdp.all_resident(cm)

@@ -77,7 +77,7 @@ def run_profile(job, args) -> dict:
     from . import build
     from .backend import resolve_backend
     from .errors import UsageError
-    from .plan.osdp_files import PROFILE_FORMAT, VERSION, model_identity, model_layers
+    from .plan.osdp_files import PROFILE_FORMAT, PROFILE_VERSION, model_identity, model_layers
 
     batch_sizes = parse_batch_sizes(args.batch_sizes) if args.batch_sizes else [job.data.batch_size]
     if args.reps < 1 or args.warmup < 0:
@@ -117,7 +117,7 @@ def run_profile(job, args) -> dict:
         done += 1
         progress.update(done, batch=b)
     progress.close(done)
-    return {"format": PROFILE_FORMAT, "version": VERSION, "model": model_identity(model),
+    return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, "model": model_identity(model),
             "backend": backend.name, "device": backend.describe(), "dtype": str(model.space.dtype),
             "itemsize": int(model.space.dtype.itemsize), "reps": args.reps, "batch_sizes": batch_sizes,
             "layers": layers, "loss_s": loss_s, "activation_bytes": activations, "network": network,

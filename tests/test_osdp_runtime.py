@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,8 @@ from ebsp_mpi.config import load_job
 from ebsp_mpi.nn.model import build_model
 from ebsp_mpi.nn.ondemand import OnDemandStep, Transport
 from ebsp_mpi.nn.params import ParamSpace, TensorSpec
-from ebsp_mpi.plan.osdp_files import PLAN_FORMAT, VERSION, OsdpFileError, model_layers
+from ebsp_mpi.plan.osdp import Block, CostModel, memory
+from ebsp_mpi.plan.osdp_files import PLAN_FORMAT, SHAPE_KEYS, VERSION, OsdpFileError, model_layers
 from ebsp_mpi.plan.osdp_schedule import make_schedule, on_demand_tensors
 from ebsp_mpi.runtime.layout import _cut
 from mpirun import local, max_abs_difference, train
@@ -117,6 +119,56 @@ def test_on_demand_steps_equal_the_whole_models_loss_and_gradient(name, overlap,
         assert not transport.pending
         assert transport.fetches == sum(it.fetched for it in sched.items)
 
+
+
+#: What tracemalloc also sees of a step beyond arrays: its Python objects (views into the fetch buffer,
+#: layers bound to them), a few hundred bytes.
+OBJECTS = 4096
+
+
+def _traced_peak(step) -> int:
+    """Bytes `step()` allocates at its peak above what was allocated before (its second run: the
+    first one warms caches)."""
+    step()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        step()
+        return tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_an_on_demand_step_holds_no_more_than_the_plans_activations_and_input_gradient(kind, tmp_path):
+    """The planner's A(b) is a resident step's, measured; an on-demand layer computes its input
+    gradient before dW overwrites its weights, so it also holds that beside its input: the plan's
+    ``input_grad`` term. A step of any plan stays under the two (the split temporary and the fetch
+    buffer are allocated before it)."""
+    in_shape, hidden, plans = ((96,), (160, 128, 96), [(0, 1, 0, 0), (1, 0, 1, 0), (0, 2, 4, 1), (1, 1, 1, 1)]) \
+        if kind == "mlp" else ((3, 12, 12), (64,), [(1, 0, 0, 0), (0, 1, 0, 0), (1, 1, 1, 1), (0, 0, 0, 2)])
+    spec = dict(kind=kind, in_shape=in_shape, hidden=hidden)
+    batch, whole = 32, _model(spec)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(batch, *in_shape)), rng.integers(0, 5, batch)
+    activations = _traced_peak(lambda: whole.loss_and_grad(x.copy(), y.copy()))
+    blocks = tuple(Block(e["name"], *(e[k] for k in SHAPE_KEYS), 0.0, 0.0)
+                   for e in model_layers(whole) if e["params"])
+    cm = CostModel(batch, blocks, 0.0, 0.0, activations, 0.0, 1e9, whole.space.dtype.itemsize)
+    grown = []
+    for choices in plans:
+        plan = write_plan(tmp_path / "plan.json", whole, choices, batch=batch)
+        model = _model(spec, resident=[v.name for v in whole.space.tensors if v.name not in on_demand_tensors(plan)])
+        sched = make_schedule(plan, model)
+        step, transport = OnDemandStep(model, sched, batch), CopyTransport(sched, whole.space.data,
+                                                                            np.zeros(whole.space.size))
+        peak = _traced_peak(lambda: step.loss_and_grad(x.copy(), y.copy(), transport))  # noqa: B023
+        m = memory(cm, choices)
+        assert peak <= m.activations + m.input_grad + OBJECTS, (choices, peak, m)
+        grown.append(peak - activations)
+    if kind == "mlp":  # without the input gradient term, some plan would exceed A(b) (a convolution's
+        assert max(grown) > OBJECTS  # backward holds its im2col columns, larger, whichever order it runs)
 
 def test_the_schedule_fetches_each_unit_for_its_forward_and_backward_and_keeps_the_last():
     model = _model(MODELS["mlp"])

@@ -23,8 +23,8 @@ AUTHORS = Path(__file__).resolve().parents[2] / "shared" / "data" / "osdp-author
 
 def random_block(rng: random.Random, i: int, batch: int) -> Block:
     return Block(f"l{i}", rng.choice([1, 2, 3, 5, 8, 13]), rng.randint(1, 40), rng.randint(1, 9),
-                 rng.random() < 0.5, rng.randint(0, 16), rng.random() * 1e-4 * batch, rng.random() * 2e-4 * batch,
-                 rng.random() * 1e-5, rng.random() * 1e-5)
+                 rng.random() < 0.5, rng.randint(0, 16), rng.randint(1, 30), rng.random() * 1e-4 * batch,
+                 rng.random() * 2e-4 * batch, rng.random() * 1e-5, rng.random() * 1e-5)
 
 
 def random_models(seed: int) -> list[CostModel]:
@@ -76,7 +76,7 @@ def equal_mlp(width: int = 64, overlap: bool = False, latency: float = 1e-6, ban
             continue
         t = e["params"] * 1e-9
         blocks.append(Block(e["name"], e["rows"], e["row_elems"], e["bias_elems"], e["bias_per_row"],
-                            e["split_temp_elems"], t, 2 * t, 1e-6, 1e-6))
+                            e["split_temp_elems"], e["input_elems"], t, 2 * t, 1e-6, 1e-6))
     return CostModel(16, tuple(blocks), 0.0, 1e-6, 10_000, latency, bandwidth, 4, 0.0, overlap)
 
 
@@ -85,12 +85,14 @@ def test_memory_by_hand():
     w = 65 * 64 * 4  # one layer's weights and bias in bytes
     # resident: weights and gradient; on-demand: one buffer, two units present only when adjacent
     assert osdp.memory(cm, (RESIDENT,) * 3).total == 6 * w + 10_000
-    assert osdp.memory(cm, (ON_DEMAND, RESIDENT, RESIDENT)) == osdp.Memory(4 * w, w, 0, 10_000)
-    assert osdp.memory(cm, (ON_DEMAND, RESIDENT, ON_DEMAND)) == osdp.Memory(2 * w, w, 0, 10_000)
-    assert osdp.memory(cm, (ON_DEMAND, ON_DEMAND, RESIDENT)) == osdp.Memory(2 * w, 2 * w, 0, 10_000)
+    # an on-demand layer but the first holds its input gradient beside its input: batch 16 x 64 inputs
+    dx = 16 * 64 * 4
+    assert osdp.memory(cm, (ON_DEMAND, RESIDENT, RESIDENT)) == osdp.Memory(4 * w, w, 0, 0, 10_000)
+    assert osdp.memory(cm, (ON_DEMAND, RESIDENT, ON_DEMAND)) == osdp.Memory(2 * w, w, 0, dx, 10_000)
+    assert osdp.memory(cm, (ON_DEMAND, ON_DEMAND, RESIDENT)) == osdp.Memory(2 * w, 2 * w, 0, dx, 10_000)
     # split in 2: 32 rows of 64 a slice, the bias with the last; two adjacent slices; the output temporary
     m = osdp.memory(cm, (2, 2, 2))
-    assert m == osdp.Memory(0, (32 * 64 + 32 * 64 + 64) * 4, 16 * 64 * 4, 10_000)
+    assert m == osdp.Memory(0, (32 * 64 + 32 * 64 + 64) * 4, 16 * 64 * 4, dx, 10_000)
     assert cm.blocks[0].slice_elems(3) == (22 * 64, 21 * 64, 21 * 64 + 64)
 
 

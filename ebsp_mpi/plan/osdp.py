@@ -36,6 +36,9 @@ k + 1 is fetched into another::
                                       the unit in use and the one prefetched for the next item
          + max_split b·out_l·item     a split Dense adds its s partial products into its output: one
                                       temporary of the output (Conv2D slices write their own channels)
+         + max_on-demand b·in_l·item  an on-demand layer computes its input gradient before dW (below),
+                                      so both its input and its input gradient are held (not for the
+                                      first layer, which computes none)
          + A(b)                       activations and temporaries of one forward + backward at batch
                                       b, the minibatch included: measured by the profile (tracemalloc
                                       on NumPy, the memory pool on CuPy)
@@ -85,9 +88,9 @@ Search
 :func:`plan` maximises ``b / iteration`` over the allowed batch sizes, subject to ``peak <= limit``.
 For each batch size a dynamic programme runs over the blocks in order; its state is the previous
 block's choice (all a later block's terms depend on), and each state keeps the **Pareto front** of
-labels (resident bytes, largest buffer term, split temporary, time so far), pruned by dominance.
-Memory stays in whole bytes: no discretisation, so the search is exact. :func:`plan_brute` tries
-every combination: the test oracle. A limit below every plan raises :class:`Infeasible`, which
+labels (resident bytes, largest buffer term, split temporary, input gradient, time so far), pruned by
+dominance. Memory stays in whole bytes: no discretisation, so the search is exact. :func:`plan_brute`
+tries every combination: the test oracle. A limit below every plan raises :class:`Infeasible`, which
 carries the plan with the smallest peak.
 """
 
@@ -120,6 +123,8 @@ class Block:
         last slice (Dense).
     split_temp_elems : int
         Elements per sample of the temporary a split needs (Dense: its output; Conv2D: 0).
+    input_elems : int
+        Elements per sample of the layer's input (and of its input gradient).
     forward_s, backward_s : float
         Seconds of the layer's forward and backward at this batch size.
     after_forward_s, after_backward_s : float
@@ -132,6 +137,7 @@ class Block:
     bias_elems: int
     bias_per_row: bool
     split_temp_elems: int
+    input_elems: int
     forward_s: float
     backward_s: float
     after_forward_s: float = 0.0
@@ -195,6 +201,11 @@ class CostModel:
     def weight_bytes(self, block: Block) -> int:
         return block.params * self.itemsize
 
+    def input_grad_bytes(self, i: int) -> int:
+        """What block `i` on demand holds beyond ``A(b)``: its input gradient beside its input (0 for
+        the first block, which computes none)."""
+        return self.batch * self.blocks[i].input_elems * self.itemsize if i else 0
+
     def unit_bytes(self, block: Block, s: int) -> tuple[int, ...]:
         return tuple(n * self.itemsize for n in block.slice_elems(s))
 
@@ -224,11 +235,12 @@ class Memory:
     resident: int
     buffer: int
     split_temp: int
+    input_grad: int
     activations: int
 
     @property
     def total(self) -> int:
-        return self.resident + self.buffer + self.split_temp + self.activations
+        return self.resident + self.buffer + self.split_temp + self.input_grad + self.activations
 
 
 @dataclass(frozen=True)
@@ -315,7 +327,8 @@ def memory(cm: CostModel, choices: Sequence[int]) -> Memory:
     buffer = max(a.unit + (0 if b.kept else b.unit) for a, b in itertools.pairwise([*chain, Item(0.0, 0, True)]))
     temp = max([cm.batch * b.split_temp_elems * cm.itemsize
                 for b, s in zip(cm.blocks, choices, strict=True) if s >= 2], default=0)
-    return Memory(2 * _resident_bytes(cm, choices), buffer, temp, cm.activation_bytes)
+    dx = max([cm.input_grad_bytes(i) for i, s in enumerate(choices) if s != RESIDENT], default=0)
+    return Memory(2 * _resident_bytes(cm, choices), buffer, temp, dx, cm.activation_bytes)
 
 
 def simulate(cm: CostModel, choices: Sequence[int]) -> float:
@@ -418,17 +431,18 @@ class _Label:
     resident: int
     buffer: int
     temp: int
+    dx: int
     time: float
     choices: tuple[int, ...]
 
     def dominates(self, other: _Label) -> bool:
         return (self.resident <= other.resident and self.buffer <= other.buffer and self.temp <= other.temp
-                and self.time <= other.time)
+                and self.dx <= other.dx and self.time <= other.time)
 
 
 def _pareto(labels: list[_Label]) -> list[_Label]:
     """The labels no other label dominates (of equal ones, the first)."""
-    labels = sorted(labels, key=lambda a: (a.time, a.resident, a.buffer, a.temp))
+    labels = sorted(labels, key=lambda a: (a.time, a.resident, a.buffer, a.temp, a.dx))
     kept: list[_Label] = []
     for a in labels:
         if not any(k.dominates(a) for k in kept):
@@ -441,17 +455,19 @@ def front(cm: CostModel, splits: Sequence[int] = SPLITS, limit: int | None = Non
     first, by dynamic programming over the blocks; with `limit`, only those that fit.
     """
     terms, fixed = _Terms(cm), cm.activation_bytes
-    states: dict[int | None, list[_Label]] = {None: [_Label(0, 0, 0, 0.0, ())]}
+    states: dict[int | None, list[_Label]] = {None: [_Label(0, 0, 0, 0, 0.0, ())]}
     for i, block in enumerate(cm.blocks):
         grown: dict[int | None, list[_Label]] = {}
         w, temp = 2 * cm.weight_bytes(block), cm.batch * block.split_temp_elems * cm.itemsize
+        dx = cm.input_grad_bytes(i)
         for a, labels in states.items():
             for s in choices_of(block, splits):
                 time, buffer = terms.step(i, a, s)
                 for lab in labels:
                     b = _Label(lab.resident + (w if s == RESIDENT else 0), max(lab.buffer, buffer),
-                               max(lab.temp, temp) if s >= 2 else lab.temp, lab.time + time, lab.choices + (s,))
-                    if limit is None or b.resident + b.buffer + b.temp + fixed <= limit:
+                               max(lab.temp, temp) if s >= 2 else lab.temp,
+                               lab.dx if s == RESIDENT else max(lab.dx, dx), lab.time + time, lab.choices + (s,))
+                    if limit is None or b.resident + b.buffer + b.temp + b.dx + fixed <= limit:
                         grown.setdefault(s, []).append(b)
         states = {s: _pareto(labels) for s, labels in grown.items()}
     constant = terms.constant()
@@ -459,7 +475,7 @@ def front(cm: CostModel, splits: Sequence[int] = SPLITS, limit: int | None = Non
     for s, labels in states.items():
         wait, buffer = terms.turn(s)
         for lab in labels:
-            m = Memory(lab.resident, max(lab.buffer, buffer), lab.temp, fixed)
+            m = Memory(lab.resident, max(lab.buffer, buffer), lab.temp, lab.dx, fixed)
             if limit is None or m.total <= limit:
                 plans.append(Plan(cm.batch, lab.choices, m, constant + lab.time + wait))
     plans.sort(key=lambda p: (p.peak_bytes, p.iteration_s))

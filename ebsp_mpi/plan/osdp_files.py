@@ -2,7 +2,8 @@
 
 **Profile** (JSON, :data:`PROFILE_FORMAT`): the model it was taken on (kind, input shape, classes,
 parameters), the device, the batch sizes, per layer in forward order its static shape (for a layer
-with parameters: ``rows``, ``row_elems``, ``bias_elems``, ``bias_per_row``, ``split_temp_elems``, see
+with parameters: ``rows``, ``row_elems``, ``bias_elems``, ``bias_per_row``, ``split_temp_elems``,
+``input_elems``, see
 :class:`~ebsp_mpi.plan.osdp.Block`) and its ``forward_s`` and ``backward_s`` per batch size (medians),
 the loss's ``loss_s``, the measured ``activation_bytes`` per batch size, the network (``latency_s``,
 ``bandwidth_bytes_per_s``, where they come from, and ``overlap``: whether transfers overlap compute)
@@ -30,8 +31,9 @@ from .osdp import RESIDENT, Block, CostModel, Plan
 
 PROFILE_FORMAT = "ebsp-mpi osdp profile"
 PLAN_FORMAT = "ebsp-mpi osdp plan"
-VERSION = 1
-SHAPE_KEYS = ("rows", "row_elems", "bias_elems", "bias_per_row", "split_temp_elems")
+VERSION = 1  # of plans
+PROFILE_VERSION = 2  # 2: layers have input_elems
+SHAPE_KEYS = ("rows", "row_elems", "bias_elems", "bias_per_row", "split_temp_elems", "input_elems")
 
 
 class OsdpFileError(UsageError, ValueError):
@@ -57,12 +59,12 @@ def model_layers(model) -> list[dict]:
                  "params": sum(model.space.view(t).size for t in layer.tensor_names)}
         if isinstance(layer, Dense):
             entry.update(rows=layer.in_shape[0], row_elems=layer.out, bias_elems=layer.out, bias_per_row=False,
-                         split_temp_elems=layer.out)
+                         split_temp_elems=layer.out, input_elems=layer.in_shape[0])
         elif isinstance(layer, Conv2D):
             c = layer.in_shape[0]
             kh, kw = layer.kernel
             entry.update(rows=layer.out_channels, row_elems=c * kh * kw, bias_elems=layer.out_channels,
-                         bias_per_row=True, split_temp_elems=0)
+                         bias_per_row=True, split_temp_elems=0, input_elems=math.prod(layer.in_shape))
         elif layer.tensor_names:
             raise ValueError(f"OSDP: no slicing known for layer {kind}")
         out.append(entry)
@@ -84,6 +86,9 @@ def read_profile(path: str | Path) -> dict:
     if doc.get("format") != PROFILE_FORMAT:
         raise OsdpFileError(f"{where}: not an OSDP profile (format {doc.get('format')!r}, expected "
                             f"{PROFILE_FORMAT!r}); write one with python -m ebsp_mpi profile JOB")
+    if doc.get("version") != PROFILE_VERSION:
+        raise OsdpFileError(f"{where}: a profile of version {doc.get('version')!r}, expected {PROFILE_VERSION}; "
+                            f"write it again with python -m ebsp_mpi profile JOB")
     sizes = doc.get("batch_sizes")
     if not (isinstance(sizes, list) and sizes and all(isinstance(b, int) and b >= 1 for b in sizes)):
         raise OsdpFileError(f"{where}: batch_sizes must be a non-empty list of integers >= 1")
@@ -127,7 +132,7 @@ def _cost_model(profile: dict, k: int, batch: int, net: dict, overhead: float) -
         elif blocks:  # a parameter-free layer joins the block before it
             last = blocks[-1]
             blocks[-1] = Block(last.name, last.rows, last.row_elems, last.bias_elems, last.bias_per_row,
-                               last.split_temp_elems, last.forward_s, last.backward_s,
+                               last.split_temp_elems, last.input_elems, last.forward_s, last.backward_s,
                                last.after_forward_s + f, last.after_backward_s + b)
         else:
             prefix += f
@@ -184,7 +189,8 @@ def plan_document(plan: Plan, cm: CostModel, profile: dict, limit: int, splits: 
             "batch_size": plan.batch, "memory_limit_bytes": limit, "splits": list(splits),
             "buffer_bytes": m.buffer, "layers": layers,
             "predicted": {"peak_bytes": m.total, "resident_bytes": m.resident, "buffer_bytes": m.buffer,
-                          "split_temp_bytes": m.split_temp, "activation_bytes": m.activations,
+                          "split_temp_bytes": m.split_temp, "input_grad_bytes": m.input_grad,
+                          "activation_bytes": m.activations,
                           "iteration_s": plan.iteration_s, "samples_per_s": plan.samples_per_s},
             "network": profile["network"], "device": profile.get("device", ""),
             "overhead_s": cm.overhead_s}
