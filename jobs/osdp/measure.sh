@@ -1,6 +1,7 @@
 #!/bin/bash
 # OSDP on the wide MLP, 3 workers: predicted against measured peak memory and iteration time per limit.
-#   bash jobs/osdp/measure.sh            (OUT=/tmp/osdp, LIMITS="24MiB 16MiB ...", IT=100 iterations)
+#   bash jobs/osdp/measure.sh            (OUT=/tmp/osdp, LIMITS="24MiB 16MiB ...", IT=100 iterations,
+#                                         WORKERS=3; WORKERS=1 on 2 cores gives each rank a core)
 # 1. bench mpi and profile; 2. an all-resident run and a run under 20 MiB calibrate the overhead per
 # iteration and the latency per fetch message as the runs see them (docs/osdp.md); 3. per limit: plan
 # with those, train, and print one table row.
@@ -8,21 +9,21 @@ set -e
 OUT=${OUT:-/tmp/osdp}; JOB=$(cd "$(dirname "$0")" && pwd)/wide-mlp.toml; mkdir -p "$OUT"; cd "$OUT"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 P=${PYTHON:-python}; M=${MPIEXEC:-mpiexec}
-IT=${IT:-100}
+IT=${IT:-100}; export WORKERS=${WORKERS:-3}
 $M -n 2 $P -m ebsp_mpi bench mpi --json mpi.json >/dev/null
 $P -m ebsp_mpi profile "$JOB" --reps 20 --bench mpi.json --out wide.json -q >/dev/null
 run() {  # run plan file $1 into dir $2
-  rm -rf $2; $M -n 4 $P -m ebsp_mpi train "$JOB" --set osdp.plan=$1 --set stop.iterations=$IT --out $2 -q >/dev/null
+  rm -rf $2; $M -n $((WORKERS + 1)) $P -m ebsp_mpi train "$JOB" --set osdp.plan=$1 --set stop.iterations=$IT --out $2 -q >/dev/null
 }
 $P -m ebsp_mpi plan "$JOB" --profile wide.json --memory-limit 64MiB --out cR.json -q >/dev/null
 $P -m ebsp_mpi plan "$JOB" --profile wide.json --memory-limit 20MiB --out c20.json -q >/dev/null
 run cR.json r_R; run c20.json r_20
 read L O < <($P - <<'PY'
-import json, numpy as np
+import json, os, numpy as np
 s=json.load(open('r_20/summary.json')); o=s['osdp']['measured']; it=np.mean(s['iterations'])
 bw=json.load(open('wide.json'))['network']['bandwidth_bytes_per_s']
 plan=json.load(open('c20.json')); od=sum(l['params']*4 for l in plan['layers'] if l['mode']=='on-demand')
-fetched=np.mean([s['bytes'][r]['total']['fetch']['received'] for r in (1,2,3)])/it
+fetched=np.mean([s['bytes'][r]['total']['fetch']['received'] for r in range(1, int(os.environ['WORKERS']) + 1)])/it
 L=(np.mean(o['transfer_wait_s'])-(fetched+od)/bw)/np.mean(o['transfer_messages'])
 print(L, 0)
 PY
