@@ -3,11 +3,10 @@
 **Profile** (JSON, :data:`PROFILE_FORMAT`): the model it was taken on (kind, input shape, classes,
 parameters), the device, the batch sizes, per layer in forward order its static shape (for a layer
 with parameters: ``rows``, ``row_elems``, ``bias_elems``, ``bias_per_row``, ``split_temp_elems``,
-``input_elems``, see
-:class:`~ebsp_mpi.plan.osdp.Block`) and its ``forward_s`` and ``backward_s`` per batch size (medians),
-the loss's ``loss_s``, the measured ``activation_bytes`` per batch size, the network (``latency_s``,
-``bandwidth_bytes_per_s``, where they come from, and ``overlap``: whether transfers overlap compute)
-and ``overhead_s``.
+``input_elems``, see :class:`~ebsp_mpi.plan.osdp.Block`) and its ``forward_s`` and ``backward_s`` per
+batch size (medians), the loss's ``loss_s``, the measured ``activation_bytes`` per batch size, the
+network (``latency_s``, ``bandwidth_bytes_per_s``, where they come from, and ``overlap``: whether
+transfers overlap compute) and ``overhead_s``. Its ``version`` is :data:`PROFILE_VERSION`.
 
 **Plan** (JSON, :data:`PLAN_FORMAT`), what a job names with ``osdp.plan``: the model and
 ``batch_size`` it was made for, and per layer with parameters, in forward order, ``name``,
