@@ -167,8 +167,9 @@ def test_an_on_demand_step_holds_no_more_than_the_plans_activations_and_input_gr
         m = memory(cm, choices)
         assert peak <= m.activations + m.input_grad + OBJECTS, (choices, peak, m)
         grown.append(peak - activations)
-    if kind == "mlp":  # without the input gradient term, some plan would exceed A(b) (a convolution's
-        assert max(grown) > OBJECTS  # backward holds its im2col columns, larger, whichever order it runs)
+    if kind == "mlp":  # without the input gradient term, some plan would exceed A(b); a Conv2D's term
+        assert max(grown) > OBJECTS  # is 0 (its column buffers are kept whatever the order), and holds
+
 
 def test_the_schedule_fetches_each_unit_for_its_forward_and_backward_and_keeps_the_last():
     model = _model(MODELS["mlp"])

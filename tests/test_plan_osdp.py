@@ -76,7 +76,7 @@ def equal_mlp(width: int = 64, overlap: bool = False, latency: float = 1e-6, ban
             continue
         t = e["params"] * 1e-9
         blocks.append(Block(e["name"], e["rows"], e["row_elems"], e["bias_elems"], e["bias_per_row"],
-                            e["split_temp_elems"], e["input_elems"], t, 2 * t, 1e-6, 1e-6))
+                            e["split_temp_elems"], e["input_grad_elems"], t, 2 * t, 1e-6, 1e-6))
     return CostModel(16, tuple(blocks), 0.0, 1e-6, 10_000, latency, bandwidth, 4, 0.0, overlap)
 
 

@@ -128,7 +128,7 @@ def test_plan_errors(capsys, tmp_path, profile_file):
     not_profile.write_text("{}")
     assert "not an OSDP profile" in one_line_error(capsys, ["plan", *JOB, "--profile", str(not_profile),
                                                             "--memory-limit", "1GB"])
-    old = tmp_path / "old.json"  # version 1 had no input_elems: planning with it would undercount the peak
+    old = tmp_path / "old.json"  # version 1 had no input_grad_elems: planning with it would undercount the peak
     old.write_text(json.dumps({**json.loads(profile_file.read_text()), "version": 1}))
     line = one_line_error(capsys, ["plan", *JOB, "--profile", str(old), "--memory-limit", "1GB"])
     assert "version 1" in line and "write it again" in line

@@ -36,9 +36,10 @@ k + 1 is fetched into another::
                                       the unit in use and the one prefetched for the next item
          + max_split b·out_l·item     a split Dense adds its s partial products into its output: one
                                       temporary of the output (Conv2D slices write their own channels)
-         + max_on-demand b·in_l·item  an on-demand layer computes its input gradient before dW (below),
+         + max_on-demand b·in_l·item  an on-demand Dense computes its input gradient before dW (below),
                                       so both its input and its input gradient are held (not for the
-                                      first layer, which computes none)
+                                      first layer, which computes none; a Conv2D's column buffers are
+                                      kept between steps whatever the order: nothing more)
          + A(b)                       activations and temporaries of one forward + backward at batch
                                       b, the minibatch included: measured by the profile (tracemalloc
                                       on NumPy, the memory pool on CuPy)
@@ -123,8 +124,9 @@ class Block:
         last slice (Dense).
     split_temp_elems : int
         Elements per sample of the temporary a split needs (Dense: its output; Conv2D: 0).
-    input_elems : int
-        Elements per sample of the layer's input (and of its input gradient).
+    input_grad_elems : int
+        Elements per sample that the layer on demand holds beyond a resident step: its input gradient,
+        computed while its input is still held (Dense: its input width; Conv2D: 0).
     forward_s, backward_s : float
         Seconds of the layer's forward and backward at this batch size.
     after_forward_s, after_backward_s : float
@@ -137,7 +139,7 @@ class Block:
     bias_elems: int
     bias_per_row: bool
     split_temp_elems: int
-    input_elems: int
+    input_grad_elems: int
     forward_s: float
     backward_s: float
     after_forward_s: float = 0.0
@@ -204,7 +206,7 @@ class CostModel:
     def input_grad_bytes(self, i: int) -> int:
         """What block `i` on demand holds beyond ``A(b)``: its input gradient beside its input (0 for
         the first block, which computes none)."""
-        return self.batch * self.blocks[i].input_elems * self.itemsize if i else 0
+        return self.batch * self.blocks[i].input_grad_elems * self.itemsize if i else 0
 
     def unit_bytes(self, block: Block, s: int) -> tuple[int, ...]:
         return tuple(n * self.itemsize for n in block.slice_elems(s))

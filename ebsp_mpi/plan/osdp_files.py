@@ -3,7 +3,7 @@
 **Profile** (JSON, :data:`PROFILE_FORMAT`): the model it was taken on (kind, input shape, classes,
 parameters), the device, the batch sizes, per layer in forward order its static shape (for a layer
 with parameters: ``rows``, ``row_elems``, ``bias_elems``, ``bias_per_row``, ``split_temp_elems``,
-``input_elems``, see :class:`~ebsp_mpi.plan.osdp.Block`) and its ``forward_s`` and ``backward_s`` per
+``input_grad_elems``, see :class:`~ebsp_mpi.plan.osdp.Block`) and its ``forward_s`` and ``backward_s`` per
 batch size (medians), the loss's ``loss_s``, the measured ``activation_bytes`` per batch size, the
 network (``latency_s``, ``bandwidth_bytes_per_s``, where they come from, and ``overlap``: whether
 transfers overlap compute) and ``overhead_s``. Its ``version`` is :data:`PROFILE_VERSION`.
@@ -31,8 +31,8 @@ from .osdp import RESIDENT, Block, CostModel, Plan
 PROFILE_FORMAT = "ebsp-mpi osdp profile"
 PLAN_FORMAT = "ebsp-mpi osdp plan"
 VERSION = 1  # of plans
-PROFILE_VERSION = 2  # 2: layers have input_elems
-SHAPE_KEYS = ("rows", "row_elems", "bias_elems", "bias_per_row", "split_temp_elems", "input_elems")
+PROFILE_VERSION = 2  # 2: layers have input_grad_elems
+SHAPE_KEYS = ("rows", "row_elems", "bias_elems", "bias_per_row", "split_temp_elems", "input_grad_elems")
 
 
 class OsdpFileError(UsageError, ValueError):
@@ -58,12 +58,12 @@ def model_layers(model) -> list[dict]:
                  "params": sum(model.space.view(t).size for t in layer.tensor_names)}
         if isinstance(layer, Dense):
             entry.update(rows=layer.in_shape[0], row_elems=layer.out, bias_elems=layer.out, bias_per_row=False,
-                         split_temp_elems=layer.out, input_elems=layer.in_shape[0])
+                         split_temp_elems=layer.out, input_grad_elems=layer.in_shape[0])
         elif isinstance(layer, Conv2D):
             c = layer.in_shape[0]
             kh, kw = layer.kernel
             entry.update(rows=layer.out_channels, row_elems=c * kh * kw, bias_elems=layer.out_channels,
-                         bias_per_row=True, split_temp_elems=0, input_elems=math.prod(layer.in_shape))
+                         bias_per_row=True, split_temp_elems=0, input_grad_elems=0)
         elif layer.tensor_names:
             raise ValueError(f"OSDP: no slicing known for layer {kind}")
         out.append(entry)
@@ -131,7 +131,7 @@ def _cost_model(profile: dict, k: int, batch: int, net: dict, overhead: float) -
         elif blocks:  # a parameter-free layer joins the block before it
             last = blocks[-1]
             blocks[-1] = Block(last.name, last.rows, last.row_elems, last.bias_elems, last.bias_per_row,
-                               last.split_temp_elems, last.input_elems, last.forward_s, last.backward_s,
+                               last.split_temp_elems, last.input_grad_elems, last.forward_s, last.backward_s,
                                last.after_forward_s + f, last.after_backward_s + b)
         else:
             prefix += f
