@@ -112,13 +112,20 @@ def _job(args) -> int:
 
 
 def _network_given(profile: dict, args) -> dict:
-    """The profile with the network the options give instead of its own (``--bench`` or ``--latency``
-    / ``--bandwidth``, and ``--overlap``): e.g. a latency measured on the runs themselves."""
+    """The profile with the network the options give instead of its own (``--bench``, or just the
+    ``--latency`` or ``--bandwidth`` given, and ``--overlap``): e.g. a latency measured on runs."""
     from .profile import network_options
 
     net = dict(profile["network"])
-    if args.bench or args.latency or args.bandwidth:
+    if args.bench:
         net.update(network_options(args))
+    elif args.latency or args.bandwidth:  # only what is given: the profile keeps the rest
+        given = network_options(args)
+        if args.latency:
+            net["latency_s"] = given["latency_s"]
+        if args.bandwidth:
+            net["bandwidth_bytes_per_s"] = given["bandwidth_bytes_per_s"]
+        net["source"] = f"{net.get('source')}, overridden by options"
     if args.overlap:
         net["overlap"] = args.overlap == "yes"
     return {**profile, "network": net}

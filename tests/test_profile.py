@@ -77,6 +77,13 @@ def test_plan_from_profile_is_what_the_job_reads(profile_file, tmp_path, capsys)
     job = job_of("--set", f"osdp.plan={plan}")
     assert build.osdp_plan(job, build.model(job, build.dataset(job)))["layers"] == doc["layers"]
 
+    # --latency alone replaces the profile's latency and keeps its measured bandwidth
+    fast = tmp_path / "latency.json"
+    assert main(["plan", *JOB, "--profile", str(profile_file), "--batch-sizes", "8", "--memory-limit", "1GiB",
+                 "--latency", "3e-4", "--out", str(fast)]) == 0
+    net, profiled = read_plan(fast)["network"], read_profile(profile_file)["network"]
+    assert net["latency_s"] == 3e-4 and net["bandwidth_bytes_per_s"] == profiled["bandwidth_bytes_per_s"]
+
     # one byte under all-resident's peak: some layer must leave the worker
     tight = tmp_path / "tight.json"
     assert main(["plan", *JOB, "--profile", str(profile_file), "--batch-sizes", "8", "--memory-limit",

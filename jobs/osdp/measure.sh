@@ -1,6 +1,6 @@
 #!/bin/bash
 # OSDP on the wide MLP, 3 workers: predicted against measured peak memory and iteration time per limit.
-#   bash jobs/osdp/measure.sh            (OUT=/tmp/osdp, LIMITS="24MiB 16MiB ...", IT=100 iterations,
+#   bash jobs/osdp/measure.sh            (OUT=/tmp/osdp, LIMITS="28MiB 24MiB ... 4MiB", IT=100 iterations,
 #                                         WORKERS=3; WORKERS=1 on 2 cores gives each rank a core)
 # 1. bench mpi and profile; 2. an all-resident run and a run under 20 MiB calibrate the overhead per
 # iteration and the latency per fetch message as the runs see them (docs/osdp.md); 3. per limit: plan
@@ -18,24 +18,23 @@ run() {  # run plan file $1 into dir $2
 $P -m ebsp_mpi plan "$JOB" --profile wide.json --memory-limit 64MiB --out cR.json -q >/dev/null
 $P -m ebsp_mpi plan "$JOB" --profile wide.json --memory-limit 20MiB --out c20.json -q >/dev/null
 run cR.json r_R; run c20.json r_20
-read L O < <($P - <<'PY'
+L=$($P - <<'PY'
 import json, os, numpy as np
 s=json.load(open('r_20/summary.json')); o=s['osdp']['measured']; it=np.mean(s['iterations'])
 bw=json.load(open('wide.json'))['network']['bandwidth_bytes_per_s']
 plan=json.load(open('c20.json')); od=sum(l['params']*4 for l in plan['layers'] if l['mode']=='on-demand')
 fetched=np.mean([s['bytes'][r]['total']['fetch']['received'] for r in range(1, int(os.environ['WORKERS']) + 1)])/it
 L=(np.mean(o['transfer_wait_s'])-(fetched+od)/bw)/np.mean(o['transfer_messages'])
-print(L, 0)
+print(L)
 PY
 )
-$P -m ebsp_mpi plan "$JOB" --profile wide.json --memory-limit 64MiB --latency $L --bandwidth $($P -c "import json;print(json.load(open('wide.json'))['network']['bandwidth_bytes_per_s'])") --out cR2.json -q >/dev/null
+$P -m ebsp_mpi plan "$JOB" --profile wide.json --memory-limit 64MiB --latency $L --out cR2.json -q >/dev/null
 O=$($P -c "
 import json,numpy as np; s=json.load(open('r_R/summary.json'))['osdp']; p=json.load(open('cR2.json'))['predicted']
 print(float(np.median(s['measured']['iteration_s']))-p['iteration_s'])")
 echo "calibrated: latency $L s per message, overhead $O s per iteration"
-BW=$($P -c "import json;print(json.load(open('wide.json'))['network']['bandwidth_bytes_per_s'])")
-for lim in ${LIMITS:-24MiB 16MiB 12MiB 8MiB 6MiB}; do
-  $P -m ebsp_mpi plan "$JOB" --profile wide.json --memory-limit $lim --latency $L --bandwidth $BW --overhead $O --out p_$lim.json -q >/dev/null
+for lim in ${LIMITS:-28MiB 24MiB 20MiB 16MiB 12MiB 8MiB 6MiB 4MiB}; do
+  $P -m ebsp_mpi plan "$JOB" --profile wide.json --memory-limit $lim --latency $L --overhead $O --out p_$lim.json -q >/dev/null
   run p_$lim.json r_$lim
   $P - $lim <<'PY'
 import json, sys, numpy as np
