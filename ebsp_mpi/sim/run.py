@@ -21,6 +21,7 @@ import math
 import os
 import socket
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import h5py
@@ -81,6 +82,9 @@ def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, it
     """
     if workers < 1:
         raise UsageError(f"simulate: --workers {workers}: needs at least 1 worker")
+    # one virtual server whatever the job's runtime.servers (a replayed run's may say 2): the run's
+    # config then tells its readers that worker w is rank w + 1, as the files are written
+    job = replace(job, runtime=replace(job.runtime, servers=1))
     limit, until = stop_rule(job, iterations)
     source = virtual_workers(job, workers, replay)
     try:
