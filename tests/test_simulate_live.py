@@ -73,3 +73,23 @@ def replay(live, out, *args):
     q = subprocess.run([sys.executable, "-m", "ebsp_mpi", "simulate", "--replay", str(live), "--out", str(out), "-q",
                         *args], capture_output=True, text=True, timeout=120, env=child_env())
     assert q.returncode == 0, q.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_a_replay_of_a_run_with_two_servers_finds_its_workers_after_them(tmp_path):
+    """With runtime.servers = 2, rank 1 is a shard server and worker w is rank w + 2: the replay reads
+    each worker's iterations from its own rank, and the simulated run (one server) is read back with
+    the same worker indices and the same figures."""
+    live, sim = tmp_path / "live", tmp_path / "sim"
+    # the common job (a later --set wins) with two servers and three workers, worker 2 the straggler
+    p = train(5, live, *COMMON, "runtime.servers=2", "straggler.slowdown=[1, 1, 3]", "stop.iterations=30",
+              "sync.model=bsp", timeout=120)
+    assert p.returncode == 0, p.stderr
+    replay(live, sim)
+    a, b = _stats(live), _stats(sim)
+    assert list(a.index) == list(b.index) == [0, 1, 2]
+    for column in ("iterations_per_s", "wait_s"):
+        off = (b[column] - a[column]).abs() / a[column]
+        assert (off <= TOLERANCE).all(), (f"{column} live {a[column].round(4).tolist()}, "
+                                          f"replayed {b[column].round(4).tolist()}")

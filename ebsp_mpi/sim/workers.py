@@ -155,6 +155,7 @@ def read_replay(run_dir: Path) -> list[Parts]:
     trace (durations on one clock, so its clock offset does not matter); the rest of ``a_k - r_k`` is
     transit, split into the reply's (``t_start - r_k``, clipped to it) and the push's.
     """
+    from ..trace.frames import servers_of
     from ..trace.reader import TraceError, read_run
 
     where = f"--replay {run_dir}"
@@ -170,15 +171,19 @@ def read_replay(run_dir: Path) -> list[Parts]:
     if server is None:
         raise UsageError(f"{where}: no readable server trace (trace/rank-0000.h5)")
     pushes, pulls = server.table("pushes"), server.table("pulls")
-    workers = max(t.world_size for t in traces.values()) - 1
+    # ranks 0..servers-1 are servers (the shard servers' files hold no table): worker w is rank w + servers
+    servers = servers_of(server.config)
+    world = max(t.world_size for t in traces.values())
+    workers = world - servers
     if workers < 1:
-        raise UsageError(f"{where}: the traces name no workers (world size < 2)")
+        raise UsageError(f"{where}: the traces name no workers (world size {world} with {servers} server(s))")
     recorded = []
     for w in range(workers):
-        trace = traces.get(w + 1)
+        trace = traces.get(w + servers)
         it = trace.table("iterations") if trace is not None else np.zeros(0)
         if not len(it):
-            raise UsageError(f"{where}: no iterations of worker {w} (trace/rank-{w + 1:04d}.h5 missing or empty)")
+            raise UsageError(f"{where}: no iterations of worker {w} "
+                             f"(trace/rank-{w + servers:04d}.h5 missing or empty)")
         it = np.sort(it, order="iteration")
         mine = pushes[pushes["worker"] == w]
         arrival = dict(zip(mine["iteration"].tolist(), mine["t"].tolist(), strict=True))

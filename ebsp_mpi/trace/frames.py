@@ -90,7 +90,7 @@ class RunFrames:
     @property
     def servers(self) -> int:
         """Server ranks (``runtime.servers``): ranks 0..servers-1; the workers follow them."""
-        return _servers(self.config)
+        return servers_of(self.config)
 
     @property
     def workers(self) -> int:
@@ -129,7 +129,9 @@ def _empty(name: str):
     return frame
 
 
-def _servers(config: dict) -> int:
+def servers_of(config: dict) -> int:
+    """Server ranks of a run whose resolved job config is `config` (``runtime.servers``): ranks
+    0..servers-1 are servers and worker w is rank w + servers; 1 when the config does not say."""
     return int((config.get("runtime") or {}).get("servers", 1))
 
 
@@ -214,7 +216,7 @@ def load_run(run_dir: str | os.PathLike) -> RunFrames:
               for name, frames in parts.items()}
     config = summary_config or next((t.config for t in traces.values() if t.config), {})
     for name in WORKER_TABLES:
-        tables[name] = _with_phases(tables[name], _servers(config))
+        tables[name] = _with_phases(tables[name], servers_of(config))
 
     for text in problems:
         warnings.warn(text, stacklevel=2)
