@@ -95,15 +95,11 @@ class SSP(SyncPolicy):
         """May ``worker``, which just pushed at ``t``, start its next iteration now?"""
         return self._done[worker] - floor <= self.staleness
 
-    def _bound(self, worker: int) -> int:
-        """The lead (iterations) up to which a held ``worker`` is released."""
-        return self.staleness
-
     # -- helpers -----------------------------------------------------------------------------
 
     def _hold(self, worker: int) -> None:
-        """Keep the held ``worker`` until the minimum reaches done_i - bound_i."""
-        self._waiting.setdefault(self._done[worker] - self._bound(worker), []).append(worker)
+        """Keep the held ``worker`` until the minimum reaches done_i - s (DSSP writes its own, with s_i)."""
+        self._waiting.setdefault(self._done[worker] - self.staleness, []).append(worker)
 
     def _freed(self, previous: int, floor: int) -> list[int]:
         """Held workers whose lead is back within their bound now that the minimum rose from
