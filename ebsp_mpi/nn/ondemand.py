@@ -1,7 +1,7 @@
 """One training step of a model whose OSDP on-demand layers hold no weights between uses.
 
-:func:`loss_and_grad` runs the items of a :class:`~ebsp_mpi.plan.osdp_schedule.Schedule` in order.
-A resident layer computes as in :meth:`Model.loss_and_grad` (its gradient in the ``ParamSpace``, each
+:meth:`OnDemandStep.loss_and_grad` runs the items of a :class:`~ebsp_mpi.plan.osdp_schedule.Schedule` in
+order. A resident layer computes as in :meth:`Model.loss_and_grad` (its gradient in the ``ParamSpace``, each
 tensor reported to `on_grad_ready` for wait-free backprop). An on-demand item computes with its unit
 in the fetch buffer, which a *transport* fills and empties (the worker's MPI messages; in the tests,
 copies from a whole model):
