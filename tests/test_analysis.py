@@ -28,7 +28,7 @@ pytest.importorskip("matplotlib")
 
 from ebsp_mpi.analysis import metrics  # noqa: E402 - needs pandas
 from ebsp_mpi.analysis.report import write_report  # noqa: E402
-from ebsp_mpi.trace.frames import load_run  # noqa: E402
+from ebsp_mpi.trace.frames import RunFrames, load_run  # noqa: E402
 
 WORKERS = 4
 SLOW = 3  # worker 3 (rank 4) is three times slower
@@ -169,6 +169,12 @@ def test_a_directory_without_trace_or_summary_is_an_error(tmp_path):
         load_run(tmp_path / "empty")
     with pytest.raises(TraceError, match="not found"):
         load_run(tmp_path / "nowhere")
+
+
+def test_a_run_known_by_its_summary_alone_has_its_servers_beside_its_workers(tmp_path):
+    """With no trace attributes to say it, the world size is the workers plus runtime.servers."""
+    assert RunFrames(path=tmp_path, summary={"workers": 3}, config={"runtime": {"servers": 2}}).world_size == 5
+    assert RunFrames(path=tmp_path, summary={"workers": 3}).world_size == 4
 
 
 # -- metrics -------------------------------------------------------------------------------------

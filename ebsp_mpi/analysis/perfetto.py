@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..trace.frames import servers_of
 from ..trace.reader import read_run
 
 US = 1e6  # microseconds per second
@@ -159,7 +160,7 @@ def trace_events(run_dir: str | os.PathLike) -> dict:
     server = traces.get(0)
     config = next((t.config for t in traces.values() if t.config), {})
     sync = (config.get("sync") or {}).get("model", "?")
-    servers = int((config.get("runtime") or {}).get("servers", 1))  # ranks 0..servers-1; workers after them
+    servers = servers_of(config)  # ranks 0..servers-1; workers after them
     staleness = {}
     if server is not None:
         pushes = server.table("pushes")

@@ -85,7 +85,7 @@ class RunFrames:
         if sizes:
             return max(sizes)
         workers = self.summary.get("workers")
-        return workers + 1 if workers else None
+        return workers + self.servers if workers else None
 
     @property
     def servers(self) -> int:
