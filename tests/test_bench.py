@@ -6,6 +6,7 @@ records and the sign of their figures are asserted, never a speed.
 
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -190,6 +191,8 @@ def test_ps_with_servers_runs_each_number_of_servers_with_the_workers_left(tmp_p
     assert {r["reference"] for r in records} == {"raw MPI, same messages"}
     assert all(r["figure"] > 0 and r["reference_figure"] > 0 for r in records)
     assert "against one server with as many workers" in out
+    # a ratio for each case with 2 servers, against the one-server case of as many workers
+    assert len(re.findall(r"2 server\(s\), [12] worker\(s\): \d+\.\d\d", out)) == 2
 
 
 def test_the_server_work_of_the_raw_reference_is_the_servers_bsp_step():

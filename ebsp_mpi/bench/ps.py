@@ -489,22 +489,21 @@ def _main_sharded(comm, sizes: list[int], server_counts: list[int], workers: lis
                   records: list | None) -> int:
     """``--servers``: the round trip with k servers and each number of `workers` the ranks allow."""
     n = comm.Get_size() - 1
-    trips: list[dict] = []
+    keyed: list[tuple[int, int, int, dict]] = []  # (size, servers, workers, record) on rank 0
     with abort_on_failure():
         for size in sizes:
             for servers in server_counts:
                 for k in [k for k in workers if k <= n + 1 - servers]:  # as many as the ranks leave
-                    trips += sharded_case(comm, size, servers, k, args)
+                    keyed += [(size, servers, k, r) for r in sharded_case(comm, size, servers, k, args)]
         idle_barrier(comm)
+    trips = [r for *_, r in keyed]
     if comm.Get_rank() == 0:
         print_table(f"push + pull round trip with sharded servers ({args.sync}, traces "
                     f"{'off' if args.no_trace else 'on'}), bytes moved per second by all workers together; "
                     f"median of {args.iterations} iterations per worker after {args.warmup}", trips)
-        base = {(r["case"].split(" params")[0], r["case"].split(", ")[-1]): r["figure"] for r in trips
-                if ", 1 server(s)," in r["case"]}
-        gains = [f"{r['case'].removeprefix('sharded round trip ')}: {r['figure'] / base[key]:.2f}" for r in trips
-                 if (key := (r["case"].split(" params")[0], r["case"].split(", ")[-1])) in base
-                 and ", 1 server(s)," not in r["case"]]
+        base = {(size, k): r["figure"] for size, servers, k, r in keyed if servers == 1}
+        gains = [f"{r['case'].removeprefix('sharded round trip ')}: {r['figure'] / base[size, k]:.2f}"
+                 for size, servers, k, r in keyed if servers > 1 and (size, k) in base]
         if gains:
             print("against one server with as many workers (ratio of bytes per second):")
             for line in gains:
