@@ -97,14 +97,14 @@ def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, it
                       progress=lambda pushes: progress.update(pushes))
     seconds = time.perf_counter() - started
     progress.close(result.pushes)
-    records = policy.take_records()
+    policy_tables = _record_rows(policy.take_records())  # written and summarised both
 
     parts = [source.parts(w, result.start[w], result.push[w]) for w in range(workers)]
     iterations_rows = [_iteration_rows(result, w, parts[w]) for w in range(workers)]
     if job.trace.enabled:
         attrs = _attrs(job, run_dir, workers, source)
         _write_rank(run_dir, 0, {**attrs, "role": "server"}, {
-            "pushes": _push_rows(result), "pulls": _pull_rows(result), **_record_rows(records)})
+            "pushes": _push_rows(result), "pulls": _pull_rows(result), **policy_tables})
         for w in range(workers):
             _write_rank(run_dir, w + 1, {**attrs, "role": "worker"}, {"iterations": iterations_rows[w]})
 
@@ -122,32 +122,31 @@ def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, it
         "iterations_limit": limit, "seconds_limit": None if until == math.inf else until,
         "pushes": result.pushes, "simulation_seconds": seconds,
         "pushes_per_second": result.pushes / seconds if seconds > 0 else None,
-        **_statistics(result, records),
+        **_statistics(result, policy_tables),
     }
     write_summary(run_dir, summary)
     return summary
 
 
-def _statistics(result: SimResult, records) -> dict:
+def _statistics(result: SimResult, policy_tables: dict[str, np.ndarray]) -> dict:
     """What a study of many simulations reads without the traces: the staleness of the pushes, and the
-    barriers' predicted and observed spread (ElasticBSP; medians over barriers of two or more workers)."""
+    barriers' predicted and observed spread (ElasticBSP; medians over barriers two or more workers
+    reached). `policy_tables` are the policy's own tables (:func:`_record_rows`)."""
     staleness = np.concatenate([b - u for b, u in zip(result.before, result.used, strict=True)]) \
         if result.workers else np.zeros(0)
     out = {"staleness": {"mean": float(staleness.mean()), "median": float(np.median(staleness)),
                          "p99": float(np.percentile(staleness, 99)), "max": int(staleness.max())}
            if len(staleness) else None}
-    barriers = [r.row for r in records if r.table == "barriers"]
-    arrived: dict[int, int] = {}
-    for r in records:
-        if r.table == "barrier_members" and math.isfinite(r.row["arrival_t"]):
-            arrived[r.row["barrier"]] = arrived.get(r.row["barrier"], 0) + 1
-    shared = [b for b in barriers if arrived.get(b["barrier"], 0) >= 2]
+    barriers, members = policy_tables["barriers"], policy_tables["barrier_members"]
+    # a member whose arrival is NaN left (stopped) before it got to its barrier
+    numbers, arrivals = np.unique(members["barrier"][np.isfinite(members["arrival_t"])], return_counts=True)
+    shared = barriers[np.isin(barriers["barrier"], numbers[arrivals >= 2])]
     out["barrier_spread"] = {
         "barriers": len(shared),
-        "predicted_median_s": float(np.median([b["predicted_spread"] for b in shared])),
-        "observed_median_s": float(np.median([b["observed_spread"] for b in shared])),
-        "r_median": float(np.median([r.row["r"] for r in records if r.table == "barrier_members"])),
-    } if shared else None
+        "predicted_median_s": float(np.median(shared["predicted_spread"])),
+        "observed_median_s": float(np.median(shared["observed_spread"])),
+        "r_median": float(np.median(members["r"])),
+    } if len(shared) else None
     return out
 
 
