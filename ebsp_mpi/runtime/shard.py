@@ -86,7 +86,8 @@ class ShardStore:
         self.mean_buf = np.empty_like(params) if round_based else None  # a round's mean
         self._make_receives(ctx, self.pushed_chunks)
         self.replies: list[PendingReply] = []
-        self.free_snapshots: list[np.ndarray] = []
+        self.current: np.ndarray | None = None  # the snapshot replies go out from until the shard changes
+        self.free_snapshots: list[np.ndarray] = []  # neither current nor sent by a reply in flight
 
     def _make_receives(self, ctx, pushed) -> None:
         """One gradient buffer and header per worker, with persistent receives for every part of a push
@@ -159,6 +160,7 @@ class ShardStore:
 
     def apply(self, w: int, version: int) -> None:
         """Apply `w`'s push as one optimizer step, at the learning rate of `version`."""
+        self._shard_changes()
         grad = self.grads[w]
         for a in self.sfb:  # its factors, as the gradient they stand for (Project Adam's factor push)
             rows = self.factors.rows(w)
@@ -174,6 +176,7 @@ class ShardStore:
         arithmetic is that of one step over the whole buffer. With no members (every push of the
         round was rejected) the weights stay as they are."""
         lr = self.lr_at(version)
+        self._shard_changes()
         if members:
             for a in self.sfb:  # rebuilt from the members' factors in worker order (one GEMM)
                 V, U = self.factors.of(a, members)
@@ -193,19 +196,33 @@ class ShardStore:
     # -- pull replies ---------------------------------------------------------------------------
 
     def reply_buffer(self) -> np.ndarray:
-        """The buffer pull replies are sent from.
+        """The buffer pull replies are sent from: the same one until a push or a round is applied.
 
         Under a round-based policy (BSP) the parameters change only when a round completes, that is
         when every worker in it has received its previous reply and pushed again; the replies then go
         out from the parameters themselves, and :meth:`settle` completes any still sending before the
         round is applied. Otherwise a push may be applied while replies are in flight, and they go out
-        from a snapshot of the shard.
+        from a snapshot of the shard: one serves every reply until the shard changes (rank 0's and
+        the other servers' replies alike), and it is written again only once it is neither current
+        nor sent by a reply in flight.
         """
         if self.round_based:
             return self.params
-        buf = self.free_snapshots.pop() if self.free_snapshots else np.empty_like(self.params)
-        np.copyto(buf[self.lo:self.hi], self.params[self.lo:self.hi])
-        return buf
+        if self.current is None:
+            self.current = self.free_snapshots.pop() if self.free_snapshots else np.empty_like(self.params)
+            np.copyto(self.current[self.lo:self.hi], self.params[self.lo:self.hi])
+        return self.current
+
+    def _shard_changes(self) -> None:
+        """The shard is about to change: the current snapshot stops being current, and is free once no
+        reply sends from it (at once, or when its last reply completes)."""
+        snapshot, self.current = self.current, None
+        if snapshot is not None:
+            self._free_if_unused(snapshot)
+
+    def _free_if_unused(self, snapshot: np.ndarray) -> None:
+        if snapshot is not self.current and all(r.snapshot is not snapshot for r in self.replies):
+            self.free_snapshots.append(snapshot)
 
     def reply(self, w: int, buffer: np.ndarray, stop: bool, head: np.ndarray | None = None,
               send_weights: bool = True) -> PendingReply:
@@ -234,10 +251,10 @@ class ShardStore:
         if not finished:
             return False
         self.replies = [r for r in self.replies if r not in finished]
-        # one snapshot serves every pull a decision released; reuse it once none of them is in flight
+        # each snapshot once, however many of its replies finished now
         done = {id(r.snapshot): r.snapshot for r in finished if r.snapshot is not self.params}
-        in_flight = {id(r.snapshot) for r in self.replies}
-        self.free_snapshots += [s for key, s in done.items() if key not in in_flight]
+        for snapshot in done.values():
+            self._free_if_unused(snapshot)
         return True
 
     def settle(self, backoff, on_idle) -> None:

@@ -58,7 +58,6 @@ class ShardServer:
         self.complete = np.zeros(n, dtype=bool)  # ... and all of it is here
         self.heard = np.zeros(n)  # not watched here: rank 0 watches the workers
         self.queue: deque = deque()  # orders not carried out yet
-        self.snapshot = None  # what replies go out from until the next push or round is applied
         self.order_buf = np.empty(ORDER_WIDTH * (2 * n + 8))
         self.alive_buf = np.zeros(1)
         self.keepalive = ctx.comm.Recv_init([self.alive_buf, MPI.DOUBLE], 0, ALIVE_TAG)
@@ -125,7 +124,6 @@ class ShardServer:
                 if not self._take_push(a):
                     break
                 self.store.apply(a, b)
-                self.snapshot = None
             elif op == "round":
                 members = [self.queue[1 + k][1] for k in range(a)] if len(self.queue) > a else None
                 if members is None or not all(self.complete[w] for w in members):
@@ -138,7 +136,6 @@ class ShardServer:
                     self.queue.popleft()
                 self.store.settle(self.ctx.backoff(), lambda: None)
                 self.store.apply_round(members, b, [])
-                self.snapshot = None
             elif op == "reply":
                 if self.outstanding[a] and not self.complete[a]:
                     break
@@ -177,9 +174,7 @@ class ShardServer:
             elif not stop:
                 raise ProtocolError(f"rank 0 ordered a reply to worker {w} before its push {int(self.pushes[w])} "
                                     f"was applied")
-        if self.snapshot is None:  # one snapshot serves every reply until the shard changes
-            self.snapshot = self.store.reply_buffer()
-        self.store.reply(w, self.snapshot, stop)
+        self.store.reply(w, self.store.reply_buffer(), stop)
         if not stop:
             self.outstanding[w] = True
 
