@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -86,19 +87,27 @@ def pids_of_rank(out_dir: Path, rank: int) -> list[int]:
     return pids
 
 
+class Ended(NamedTuple):
+    """How a signalled run ended: the launcher's exit code, its output, and the run directory."""
+
+    code: int
+    output: str
+    run: Path
+
+
 def signal_rank_mid_run(tmp_path: Path, rank: int, sig: int, stall: float, *overrides: str, flags=(),
-                        after: float = 1.0, ranks: int = 3) -> tuple[int, float, str, Path]:
+                        after: float = 1.0, ranks: int = 3) -> Ended:
     """Start a `ranks`-rank run (120 s, an emulated 10 ms of compute per iteration) in ``tmp_path/run``, send
-    `sig` to `rank` `after` seconds once every rank has built its part, and wait for the job to end
-    (at most `stall` + 10 s). Returns the exit code, the seconds from the signal to the end, the
-    output, and the run directory. Ranks a launcher left behind (stopped ones) are killed."""
+    `sig` to `rank` `after` seconds once every rank has built its part, and wait for the job to end.
+    The test fails if it has not ended `stall` + 10 s after the signal. Ranks a launcher left behind
+    (stopped ones) are killed."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     out, log = tmp_path / "run", tmp_path / "log"  # a file: the launcher's output is read after the job ends
     last = out / "trace" / f"rank-{ranks - 1:04d}.h5"
-    proc = subprocess.Popen(train_cmd(ranks, out, "stop.seconds=120", "stop.epochs=0", f"runtime.stall_timeout_s={stall}",
-                                      "trace.flush_seconds=0.2", "straggler.base_s=0.01", *overrides, flags=flags),
-                            stdout=log.open("w"), stderr=subprocess.STDOUT, env=child_env())
-    pids = []
+    cmd = train_cmd(ranks, out, "stop.seconds=120", "stop.epochs=0", f"runtime.stall_timeout_s={stall}",
+                    "trace.flush_seconds=0.2", "straggler.base_s=0.01", *overrides, flags=flags)
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=child_env())
+    pids, late = [], False
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not (pids and last.exists()):
@@ -106,11 +115,11 @@ def signal_rank_mid_run(tmp_path: Path, rank: int, sig: int, stall: float, *over
             pids = pids_of_rank(out, rank)
         assert pids, f"rank {rank} never started"
         time.sleep(after)  # the last rank's trace file exists: it has built its part, the others may still be at it
-        sent = time.monotonic()
         for pid in pids:
             os.kill(pid, sig)
         proc.wait(timeout=stall + 10)
-        took = time.monotonic() - sent
+    except subprocess.TimeoutExpired:
+        late = True  # failed below, once the job is gone and its whole output written
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -124,7 +133,10 @@ def signal_rank_mid_run(tmp_path: Path, rank: int, sig: int, stall: float, *over
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
             time.sleep(0.1)
-    return proc.returncode, took, log.read_text(), out
+    if late:
+        pytest.fail(f"{signal.Signals(sig).name} to rank {rank}: the job did not end within {stall + 10} s:\n"
+                    f"{log.read_text()[-3000:]}")
+    return Ended(proc.returncode, log.read_text(), out)
 
 
 def max_abs_difference(a_dir: Path, b_dir: Path) -> float:

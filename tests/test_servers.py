@@ -161,10 +161,9 @@ def test_a_bad_push_is_applied_on_no_shard_and_counted_once(tmp_path):
 def test_a_stopped_or_killed_server_rank_ends_the_job_and_is_named(sig, cleanup, named, tmp_path):
     stall = 4.0
     flags = watchdog_flags() if cleanup else []
-    code, took, output, _ = signal_rank_mid_run(tmp_path, 1, sig, stall, "sync.model=ssp", "runtime.servers=2",
-                                                flags=flags, ranks=4)
+    code, output, _ = signal_rank_mid_run(tmp_path, 1, sig, stall, "sync.model=ssp", "runtime.servers=2",
+                                          flags=flags, ranks=4)
     assert code != 0
-    assert took <= stall + 10
     assert named in output, output[-3000:]
     if sig == signal.SIGSTOP:  # rank 0 or a worker noticed the silence, and said whose
         assert "server rank 1 silent" in output or "the server 1 (rank 1) sent nothing" in output, output[-3000:]
