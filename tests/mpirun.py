@@ -139,6 +139,30 @@ def signal_rank_mid_run(tmp_path: Path, rank: int, sig: int, stall: float, *over
     return Ended(proc.returncode, log.read_text(), out)
 
 
+#: How many times a test kills a rank with SIGKILL before it gives up on hearing the rank named. MPICH's
+#: Hydra now and then kills every rank within milliseconds of the death, even under
+#: ``-disable-auto-cleanup`` (about 1 run in 8 on a 2-core machine), before any rank can write a word;
+#: in practice the first attempt names it.
+KILL_ATTEMPTS = 3
+
+
+def signal_until_named(tmp_path: Path, rank: int, sig: int, stall: float, named: str, *overrides: str,
+                       **kwargs) -> list[Ended]:
+    """:func:`signal_rank_mid_run` (in ``tmp_path/attempt<k>``) until the job's output holds `named`:
+    once for a signal that leaves the rank alive (SIGSTOP), up to :data:`KILL_ATTEMPTS` times for
+    SIGKILL. Every attempt must end the job with a non-zero exit code, and one must hold `named`.
+    Returns every attempt, the one that named the rank last."""
+    attempts = KILL_ATTEMPTS if sig == signal.SIGKILL else 1
+    ended: list[Ended] = []
+    for k in range(attempts):
+        ended.append(signal_rank_mid_run(tmp_path / f"attempt{k}", rank, sig, stall, *overrides, **kwargs))
+        code, output, _ = ended[-1]
+        assert code != 0, f"the job exited 0 after {signal.Signals(sig).name} to rank {rank}:\n{output[-3000:]}"
+        if named in output:
+            return ended
+    pytest.fail(f"no attempt of {attempts} named {named!r}; the last one's output:\n{output[-3000:]}")
+
+
 def max_abs_difference(a_dir: Path, b_dir: Path) -> float:
     """The largest difference between two runs' trained models (``model.h5``), which must have the
     same tensors and the same number of versions."""
