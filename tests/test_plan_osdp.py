@@ -17,6 +17,7 @@ from ebsp_mpi.plan import osdp
 from ebsp_mpi.plan.osdp import ON_DEMAND, RESIDENT, Block, CostModel, Infeasible
 from ebsp_mpi.plan.osdp_files import OsdpFileError, check_plan, model_layers, plan_document, read_plan, write_json
 from ebsp_mpi.plan.sizes import parse_size
+from cliutil import one_line_error
 
 AUTHORS = Path(__file__).resolve().parents[2] / "shared" / "data" / "osdp-authors" / "gpt_block_profile.json"
 
@@ -227,13 +228,6 @@ def test_authors_rule_is_not_the_best_throughput(capsys):
 
 
 # -- one-line errors ------------------------------------------------------------------------------
-
-
-def one_line_error(capsys, args) -> str:
-    assert main(args) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("ebsp_mpi: error:"), err
-    return err[0]
 
 
 SMALL = ["--set", "data.name=synthetic", "--set", "data.synthetic_samples=200", "--set", "model.hidden=[32]",

@@ -11,6 +11,7 @@ from ebsp_mpi import build
 from ebsp_mpi.cli import main
 from ebsp_mpi.config import load_job
 from ebsp_mpi.plan.osdp_files import OsdpFileError, model_layers, read_plan, read_profile
+from cliutil import one_line_error
 
 JOB = ["--set", "data.name=synthetic", "--set", "data.synthetic_samples=200", "--set", "model.hidden=[48,48]",
        "--set", "data.batch_size=8"]
@@ -92,13 +93,6 @@ def test_plan_from_profile_is_what_the_job_reads(profile_file, tmp_path, capsys)
     assert any(e["mode"] == "on-demand" for e in layers)
     assert all(sum(e["slice_rows"]) == e_rows for e, e_rows in zip(layers, (64, 48, 48), strict=True)
                if e["mode"] == "on-demand")
-
-
-def one_line_error(capsys, args) -> str:
-    assert main(args) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("ebsp_mpi: error:"), err
-    return err[0]
 
 
 @pytest.mark.parametrize("args, words", [
