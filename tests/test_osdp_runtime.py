@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 
 from ebsp_mpi import build
-from ebsp_mpi.cli import main
 from ebsp_mpi.config import load_job
 from ebsp_mpi.nn.model import build_model
 from ebsp_mpi.nn.ondemand import OnDemandStep, Transport
@@ -28,6 +27,7 @@ from ebsp_mpi.plan.osdp import Block, CostModel, memory
 from ebsp_mpi.plan.osdp_files import PLAN_FORMAT, SHAPE_KEYS, VERSION, OsdpFileError, model_layers
 from ebsp_mpi.plan.osdp_schedule import make_schedule, on_demand_tensors
 from ebsp_mpi.runtime.layout import _cut
+from cliutil import one_line_error
 from mpirun import local, max_abs_difference, train
 
 
@@ -283,7 +283,7 @@ def test_every_sync_model_trains_with_on_demand_layers(model, tmp_path):
 
 
 @pytest.mark.parametrize("overrides, says", [
-    ([], "run it under mpiexec"),
+    ([], "on demand from a parameter server: run it under mpiexec"),
     (["runtime.servers=2"], "set runtime.servers = 1"),
     (["comm.hybrid=sfb"], "set comm.hybrid = 'ps'"),
 ])
@@ -296,9 +296,7 @@ def test_what_on_demand_layers_cannot_run_with_is_one_line_before_training(overr
     args = ["train", "--set", f"osdp.plan={plan}", "--set", HIDDEN, "-q", "--out", str(tmp_path / "run")]
     for o in overrides:
         args += ["--set", o]
-    assert main(args) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and says in err[0], err
+    assert says in one_line_error(capsys, args)
     assert not (tmp_path / "run").exists()
 
 

@@ -168,18 +168,3 @@ def test_memory_limit_stops_a_run_that_needs_more(capsys, tmp_path, profile_file
     assert "osdp.memory_limit" in one_line_error(capsys, [*run, "--set", "osdp.memory_limit=lots",
                                                           "--out", str(tmp_path / "r3")])
 
-
-def test_a_single_process_refuses_a_plan_that_fetches_layers_on_demand(capsys, tmp_path, profile_file):
-    """On-demand layers are fetched from a parameter server: without mpiexec there is none, and
-    training says so in one line instead of holding every layer resident above the limit the plan was
-    made for (runs under mpiexec: tests/test_osdp_runtime.py)."""
-    job = job_of()
-    weights = build.model(job, build.dataset(job)).space.nbytes
-    plan = tmp_path / "plan.json"
-    assert main(["plan", *JOB, "--profile", str(profile_file), "--batch-sizes", "8", "--memory-limit",
-                 str(weights), "--out", str(plan)]) == 0
-    assert any(layer["mode"] != "resident" for layer in read_plan(plan)["layers"])
-    line = one_line_error(capsys, ["train", *JOB, "--set", f"osdp.plan={plan}", "--set", "stop.iterations=1", "-q",
-                                   "--out", str(tmp_path / "run")])
-    assert "on demand from a parameter server: run it under mpiexec" in line
-    assert not (tmp_path / "run").exists()
