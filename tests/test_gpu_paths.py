@@ -206,20 +206,27 @@ ORACLE = ["sync.model=bsp", "stop.iterations=30", "optim.momentum=0.9", "straggl
           "runtime.chunk_bytes=4096"]
 
 
+@pytest.fixture(scope="module")
+def oracle(tmp_path_factory) -> Path:
+    """The single-process NumPy oracle of ``ORACLE`` with 2 workers, run once for both runs."""
+    out = tmp_path_factory.mktemp("oracle") / "run"
+    p = local(out, "sync.workers=2", *ORACLE)
+    assert p.returncode == 0, p.stderr
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("wire", [["runtime.wait_free_backprop=false"],
                                   ["runtime.wait_free_backprop=true", "runtime.cuda_aware_mpi=true"]],
                          ids=["staged", "cuda-aware-wfbp"])
-def test_bsp_on_the_fake_device_equals_the_numpy_oracle(tmp_path, wire):
+def test_bsp_on_the_fake_device_equals_the_numpy_oracle(tmp_path, oracle, wire):
     reports = tmp_path / "reports"
     reports.mkdir()
     env = {"PYTHONPATH": str(FAKE_PATH), fakecupy.DEVICES_ENV: "2", fakecupy.REPORT_ENV: str(reports)}
     p = train(3, tmp_path / "gpu", "backend=cupy", *wire, *ORACLE, timeout=180, extra_env=env)
     assert p.returncode == 0, p.stderr
-    o = local(tmp_path / "oracle", "sync.workers=2", *ORACLE)
-    assert o.returncode == 0, o.stderr
-    assert max_abs_difference(tmp_path / "gpu", tmp_path / "oracle") <= 1e-5
+    assert max_abs_difference(tmp_path / "gpu", oracle) <= 1e-5
     gpu, _ = read_model(tmp_path / "gpu" / "model.h5")
 
     summary = json.loads((tmp_path / "gpu" / "summary.json").read_text())
