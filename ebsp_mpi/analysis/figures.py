@@ -65,13 +65,12 @@ def _legend_label(label: str, n: int) -> str:
     return label if n == 1 else f"{label} ({n} seeds)"
 
 
-def _worker_ticks(ax, workers: int, slow: int | None, axis: str = "x") -> None:
-    ticks = list(range(workers))
-    names = [f"worker {w}" + ("\nslowest" if w == slow else "") for w in ticks]
-    if axis == "x":
-        ax.set_xticks(ticks, names)
-    else:
-        ax.set_yticks(ticks, [n.replace("\n", " ") for n in names])
+def _worker_ticks(ax, shown: Sequence[int], slow: int | None, axis: str = "x") -> None:
+    """Name the workers `shown` at ticks 0, 1, ... of `axis`; the slowest is marked under its name
+    on the x axis, beside it on the y axis."""
+    mark = "\nslowest" if axis == "x" else " slowest"
+    names = [f"worker {w}" + (mark if w == slow else "") for w in shown]
+    (ax.set_xticks if axis == "x" else ax.set_yticks)(range(len(shown)), names)
 
 
 def _common_slowest(runs: Sequence[Run]) -> int | None:
@@ -267,8 +266,7 @@ def timeline(runs: Sequence[Run], path: Path, window: tuple[float, float] | None
         sampled = f" ({len(shown)} of {workers} workers shown, by speed)" if len(shown) < workers else ""
         ax.set_title(f"{run.label}: the other workers wait {fast_share:.0%} of this window, "
                      f"worker {slow} (slowest) {slow_share:.0%}{sampled}", fontsize=11, loc="left")
-        ax.set_yticks(range(len(shown)), [f"worker {w}" + (" slowest" if w == slow else "")
-                                          for w in shown])
+        _worker_ticks(ax, shown, slow, axis="y")
         ax.set_ylim(-0.6, len(shown) - 0.4)
         ax.invert_yaxis()
         ax.grid(axis="x", alpha=0.3)
@@ -323,7 +321,7 @@ def wait_distribution(runs: Sequence[Run], path: Path) -> str:
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "235" else ""))
     ax.set_ylabel("wait for the pull per iteration (ms, log scale)")
-    _worker_ticks(ax, workers, slow)
+    _worker_ticks(ax, range(workers), slow)
     ax.set_xlim(-0.6, workers - 0.4)
     ax.grid(axis="y", which="both", alpha=0.25)
     ax.legend(handles=[Patch(facecolor=colour[lab], alpha=0.75, edgecolor="black",
@@ -400,7 +398,7 @@ def iteration_rate(runs: Sequence[Run], path: Path) -> str:
             ratio[label] = float(np.nanmean(fast) / mean[slow]) if fast else math.nan
     ax.set_ylabel("iterations per second" + (" (bars: mean over seeds; lines: min–max)" if any(
         len(g) > 1 for g in by_label.values()) else ""))
-    _worker_ticks(ax, workers, slow)
+    _worker_ticks(ax, range(workers), slow)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(title="sync model", fontsize=9, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     known = {k: v for k, v in ratio.items() if not math.isnan(v)}
