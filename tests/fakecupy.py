@@ -18,8 +18,8 @@ tests fake device buffers), and counts what a real device would make visible:
 
 The device count comes from ``FAKECUPY_DEVICES`` (default 1). Install it as ``cupy`` with
 :func:`install` (in-process), or put ``tests/fakecupy_path`` on ``PYTHONPATH`` so that ``import cupy``
-loads it in child processes (``mpiexec ... python -m ebsp_mpi train``). With ``FAKECUPY_REPORT`` set to
-a directory, each process writes its counters there at exit (``<pid>.json``).
+loads it in child processes (``mpiexec ... python -m ebsp_mpi train``; :func:`child_env`). With
+``FAKECUPY_REPORT`` set to a directory, each process writes its counters there at exit (``<pid>.json``).
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ import numpy as np
 
 DEVICES_ENV = "FAKECUPY_DEVICES"
 REPORT_ENV = "FAKECUPY_REPORT"
+#: The folder whose ``cupy`` package is this module: on ``PYTHONPATH``, child processes import it as CuPy.
+PATH = Path(__file__).resolve().parent / "fakecupy_path"
 
 
 @dataclass
@@ -296,6 +298,15 @@ def install(monkeypatch) -> State:
     """Make ``import cupy`` give this module for one test (undone by `monkeypatch`); counts reset."""
     monkeypatch.setitem(sys.modules, "cupy", sys.modules[__name__])
     return reset()
+
+
+def child_env(devices: int = 2, report: Path | None = None) -> dict:
+    """The environment (to add to a child process's) under which ``import cupy`` loads this module,
+    with `devices` devices; with `report`, each process writes its counters into that folder at exit."""
+    env = {"PYTHONPATH": str(PATH), DEVICES_ENV: str(devices)}
+    if report is not None:
+        env[REPORT_ENV] = str(report)
+    return env
 
 
 def _report() -> None:

@@ -25,9 +25,6 @@ from ebsp_mpi.nn import build_model
 from ebsp_mpi.outputs import read_model
 from mpirun import local, max_abs_difference, train
 
-FAKE_PATH = Path(__file__).resolve().parent / "fakecupy_path"
-
-
 @pytest.fixture
 def device(monkeypatch):
     """The fake CuPy, installed as ``cupy`` for one test, with two devices; yields its counters' holder."""
@@ -223,8 +220,8 @@ def oracle(tmp_path_factory) -> Path:
 def test_bsp_on_the_fake_device_equals_the_numpy_oracle(tmp_path, oracle, wire):
     reports = tmp_path / "reports"
     reports.mkdir()
-    env = {"PYTHONPATH": str(FAKE_PATH), fakecupy.DEVICES_ENV: "2", fakecupy.REPORT_ENV: str(reports)}
-    p = train(3, tmp_path / "gpu", "backend=cupy", *wire, *ORACLE, timeout=180, extra_env=env)
+    p = train(3, tmp_path / "gpu", "backend=cupy", *wire, *ORACLE, timeout=180,
+              extra_env=fakecupy.child_env(devices=2, report=reports))
     assert p.returncode == 0, p.stderr
     assert max_abs_difference(tmp_path / "gpu", oracle) <= 1e-5
     gpu, _ = read_model(tmp_path / "gpu" / "model.h5")

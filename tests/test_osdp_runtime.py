@@ -315,11 +315,10 @@ def test_bsp_with_on_demand_layers_on_the_fake_device_equals_the_oracle(wire, or
     """The CuPy path of the fetch buffer (tests/fakecupy.py): staged through a host mirror, or read
     and written by MPI on the device after a synchronize."""
     import fakecupy
-    from test_gpu_paths import FAKE_PATH
 
     plan = digits_plan(tmp_path, (2, 1, 3), True)
-    env = {"PYTHONPATH": str(FAKE_PATH), fakecupy.DEVICES_ENV: "2"}
-    p = train(4, tmp_path / "gpu", "backend=cupy", f"osdp.plan={plan}", wire, *ORACLE, timeout=180, extra_env=env)
+    p = train(4, tmp_path / "gpu", "backend=cupy", f"osdp.plan={plan}", wire, *ORACLE, timeout=180,
+              extra_env=fakecupy.child_env(devices=2))
     assert p.returncode == 0, p.stderr
     assert max_abs_difference(tmp_path / "gpu", oracle) <= 1e-5
     s = json.loads((tmp_path / "gpu" / "summary.json").read_text())
