@@ -361,12 +361,13 @@ class Server:
 
     # -- checkpoints ----------------------------------------------------------------------------
 
-    def _checkpoint(self, t: float) -> None:
-        """Write the run's state at run time `t` (``checkpoint.h5``; see ``ebsp_mpi.checkpoint``)."""
+    def _checkpoint(self, t: float, whole: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """Write the run's state at run time `t` (``checkpoint.h5``; see ``ebsp_mpi.checkpoint``): the
+        parameters and optimizer state `whole` already gathered as of now, or gathered here."""
         c0 = self.ctx.now()
-        params = self._whole_model(velocity=True)
+        params, velocity = whole if whole is not None else (self._whole_model(velocity=True), self.whole_velocity)
         write_checkpoint(self.run_dir, Checkpoint(
-            params=params, velocity=self.whole_velocity, version=self.version, run_seconds=t,
+            params=params, velocity=velocity, version=self.version, run_seconds=t,
             iterations=self.pushes, totals={**self.totals, LAST_LOSS: self.last_loss}, rejected=self.rejected,
             policy=self.policy.state_dict(),
             evals=self.evals, reached=self.targets.reached, config=to_dict(self.job)))
@@ -423,7 +424,8 @@ class Server:
 
     def _finish(self) -> dict:
         wall = self.ctx.now()
-        whole = self._whole_model()
+        # gathered once, with the optimizer state, for the evaluation, model.h5 and the last checkpoint
+        whole = self._whole_model(velocity=True)
         if whole is not self.params:  # no reply sends from the parameters any more: take every shard in
             np.copyto(self.params, whole)
         loss, acc = self.evaluator.evaluate_now(self.params)
@@ -435,7 +437,7 @@ class Server:
         write_model(self.run_dir, self.space.state_dict(), version=self.version, step=self.version,
                     attrs={"sync": self.policy.name, "config_json": to_dict(self.job)})
         self.trace.flush()
-        self._checkpoint(wall)  # the end, from which a longer run (a larger stop.*) can go on
+        self._checkpoint(wall, (whole, self.whole_velocity))  # the end, from which a longer run can go on
         self.peers.end(self.ctx.now())
         if self.fetches is not None:  # every worker has had its stop reply: no fetch is coming
             self.fetches.close()
