@@ -159,16 +159,14 @@ def scaling_figure(rows: list[dict], path: Path) -> None:
     colour = {m: PALETTE[i % len(PALETTE)] for i, m in enumerate(models)}
     fig = Figure(figsize=(11, 7.5), layout="constrained")
     axes = fig.subplots(2, 2).ravel()
-    panels = (("vs_asp", "time per push / ASP's (1 = no waiting)", False),
-              ("wait_share", "share of the workers' time spent waiting", False),
-              ("staleness_rounds", "mean staleness / workers (versions per worker)", False))
-    for ax, (column, title, log) in zip(axes, panels, strict=False):
+    panels = (("vs_asp", "time per push / ASP's (1 = no waiting)"),
+              ("wait_share", "share of the workers' time spent waiting"),
+              ("staleness_rounds", "mean staleness / workers (versions per worker)"))
+    for ax, (column, title) in zip(axes, panels, strict=False):
         for m in models:
             mine = sorted((r["workers"], r[column]) for r in rows if r["model"] == m)
             ax.plot([n for n, _ in mine], [v for _, v in mine], marker="o", ms=4, color=colour[m], label=m)
         ax.set_xscale("log", base=2)
-        if log:
-            ax.set_yscale("log")
         ax.set_title(title, fontsize=10.5, loc="left")
         ax.set_xlabel("workers")
         ax.grid(alpha=0.3)
