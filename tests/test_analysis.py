@@ -424,6 +424,19 @@ def test_report_writes_tables_and_every_figure(tmp_path):
     assert "## ZipLine's prediction error" in page
 
 
+def test_an_accuracy_title_names_a_reference_that_recorded_no_time_for_the_target(tmp_path):
+    """The reference (bsp) has no time to the targets (a simulated run, or one with other
+    eval.targets): the title says so instead of failing on the missing time."""
+    make_run(tmp_path / "asp", "asp", speed=40.0)
+    make_run(tmp_path / "bsp", "bsp", speed=20.0)
+    doc = json.loads((tmp_path / "bsp" / "summary.json").read_text())
+    doc["time_to_accuracy"] = {}
+    (tmp_path / "bsp" / "summary.json").write_text(json.dumps(doc))
+    report = write_report([tmp_path / "asp", tmp_path / "bsp"], tmp_path / "report")
+    assert report.titles["accuracy.png"].startswith("First to 95% test accuracy: asp at ")
+    assert report.titles["accuracy.png"].endswith("; bsp: not recorded")
+
+
 def test_report_without_elasticbsp_notes_the_missing_zipline_figure(tmp_path):
     make_run(tmp_path / "bsp", "bsp")
     report = write_report([tmp_path / "bsp"], tmp_path / "report")

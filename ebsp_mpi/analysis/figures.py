@@ -90,7 +90,11 @@ def _extremes(values: dict, fmt: str) -> str:
     return text
 
 
-def _fmt_s(t: float) -> str:
+def _fmt_s(t: float | None) -> str:
+    """Seconds to a target: None where the runs recorded no time for it (no such target in their
+    eval.targets, or a simulation: no accuracy), inf where they never reached it."""
+    if t is None:
+        return "not recorded"
     return "never" if math.isinf(t) else f"{t:.2f} s"
 
 
