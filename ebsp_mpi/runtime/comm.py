@@ -4,6 +4,7 @@ one time axis for all ranks, polling without burning a core, and aborting the jo
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import socket
@@ -19,13 +20,18 @@ from .. import __version__
 from ..config import to_dict
 from ..errors import OutputError, UsageError
 from ..trace.writer import open_trace
-from .protocol import CLOCK_TAG, chunk_bytes_for
+from .protocol import ALIVE_TAG, CLOCK_TAG, chunk_bytes_for
 
 log = logging.getLogger(__name__)
 
 #: seconds between printing why the job stops and calling MPI_Abort
 ABORT_GRACE_S = 0.5
 CLOCK_ROUNDS = 8
+#: seconds between a server's housekeeping passes (keep-alives, watchdogs, trace flush; on rank 0 also
+#: evaluation start, progress and stray messages)
+HOUSEKEEPING_S = 0.05
+#: what a keep-alive carries (nothing is read; never written, so always safe to send)
+ALIVE = np.zeros(1)
 
 
 class JobFailure(RuntimeError):
@@ -367,6 +373,41 @@ def wait_all(requests, backoff: Backoff, silence: Silence | None = None, on_done
             if silence is not None:
                 silence.check()
             backoff.idle()
+
+
+class KeepAlive:
+    """Keep-alive messages (``protocol.ALIVE_TAG``) from this rank to the peers that watch it: one to
+    each peer that has been told nothing for a quarter of the stall timeout, so that the peer's
+    watchdog fires on a dead or stopped rank, never on one that merely has nothing to say.
+
+    Parameters
+    ----------
+    comm : MPI.Comm
+    stall_timeout_s : float
+        ``runtime.stall_timeout_s``.
+    """
+
+    def __init__(self, comm, stall_timeout_s: float):
+        self.comm, self.interval = comm, stall_timeout_s / 4
+        self.last_told: dict[int, float] = {}  # rank -> when this rank last sent it anything
+        self.sends: list = []
+
+    def told(self, rank: int, now: float) -> None:
+        """A message went to `rank` at `now` (a reply, orders): it says as much as a keep-alive."""
+        self.last_told[rank] = now
+
+    def tick(self, now: float, ranks) -> None:
+        """Send a keep-alive to each of `ranks` told nothing for a quarter of the stall timeout (at
+        once to one never told anything), and let go of the sends that have completed."""
+        for rank in ranks:
+            if now - self.last_told.get(rank, -math.inf) >= self.interval:
+                self.sends.append(self.comm.Isend([ALIVE, MPI.DOUBLE], rank, ALIVE_TAG))
+                self.last_told[rank] = now
+        self.sends = [r for r in self.sends if not r.Test()]
+
+    def wait(self, backoff: Backoff) -> None:
+        """Complete the keep-alives still in flight (small: complete already, or soon)."""
+        wait_all(self.sends, backoff)
 
 
 def abort(ctx: Context | None, exc: BaseException) -> None:

@@ -16,11 +16,8 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from .comm import Silence, StallError, wait_all
+from .comm import KeepAlive, Silence, StallError, wait_all
 from .protocol import ALIVE_TAG, ORDER_TAG, ORDERS, SNAP_TAG, STATS_TAG, ProtocolError
-
-#: what a keep-alive carries (nothing is read; never written, so always safe to send)
-ALIVE = np.zeros(1)
 
 
 class PeerServers:
@@ -40,15 +37,16 @@ class PeerServers:
         self.ctx, self.layout, self.timeout = ctx, layout, stall_timeout_s
         self.ranks = list(range(1, ctx.servers))
         self.rows: list[tuple[float, float, float]] = []
-        self.sends: list = []  # order and keep-alive sends in flight (their buffers kept alive with them)
-        self.last_told = dict.fromkeys(self.ranks, 0.0)
+        self.sends: list = []  # order sends in flight (their buffers kept alive with them)
+        self.alive = KeepAlive(ctx.comm, stall_timeout_s)
         self.last_heard = dict.fromkeys(self.ranks, 0.0)
         self.stats: dict[int, dict | None] = dict.fromkeys(self.ranks)
         self.ended = False
 
     def start(self, t: float) -> None:
         for s in self.ranks:
-            self.last_told[s] = self.last_heard[s] = t
+            self.alive.told(s, t)
+            self.last_heard[s] = t
 
     def order(self, op: str, a: float = 0, b: float = 0) -> None:
         if self.ranks:
@@ -62,15 +60,12 @@ class PeerServers:
         self.rows = []
         for s in self.ranks:
             self.sends.append((self.ctx.comm.Isend([buf, MPI.DOUBLE], s, ORDER_TAG), buf))
-            self.last_told[s] = now
+            self.alive.told(s, now)
 
     def housekeeping(self, now: float) -> None:
         """Keep-alives to servers that have had no order for a quarter of the stall timeout, the
         completed sends, and the watchdog."""
-        for s in self.ranks:
-            if not self.ended and now - self.last_told[s] >= self.timeout / 4:
-                self.sends.append((self.ctx.comm.Isend([ALIVE, MPI.DOUBLE], s, ALIVE_TAG), ALIVE))
-                self.last_told[s] = now
+        self.alive.tick(now, [] if self.ended else self.ranks)
         self.sends = [(r, buf) for r, buf in self.sends if not r.Test()]
         for s in self.ranks:
             if self.stats[s] is None and now - self.last_heard[s] > self.timeout:
@@ -126,6 +121,7 @@ class PeerServers:
 
     def wait_sends(self, backoff) -> None:
         wait_all([r for r, _ in self.sends], backoff)
+        self.alive.wait(backoff)
 
 
 def _named(sources: list[int], arrived: set[int]) -> str:

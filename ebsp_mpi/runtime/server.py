@@ -30,19 +30,16 @@ from ..errors import UsageError
 from ..outputs import AccuracyTargets, build_summary, write_model, write_summary
 from ..progress import Progress
 from ..sync.registry import make_policy
-from .comm import Context, StallError, mpi_library, open_rank_trace, terminate_requested, wait_all
+from .comm import HOUSEKEEPING_S, Context, KeepAlive, StallError, mpi_library, open_rank_trace, terminate_requested
 from .evaluator import Evaluator
 from .faults import fault_for
 from .fetch import FetchServer
 from .layout import make_layout
-from .peers import ALIVE, PeerServers
-from .protocol import ALIVE_TAG, PULL_FIELDS, PUSH, STATS_TAG, ProtocolError, pack
+from .peers import PeerServers
+from .protocol import PULL_FIELDS, PUSH, STATS_TAG, ProtocolError, pack
 from .shard import ShardStore
 
 log = logging.getLogger(__name__)
-
-#: seconds between housekeeping passes (watchdog, keep-alives, eval start, trace flush, progress, stray messages)
-HOUSEKEEPING_S = 0.05
 
 
 class Server:
@@ -91,8 +88,7 @@ class Server:
         self.left: set[int] = set()
         self.pull_requested = np.zeros(n)  # when each worker's pending pull arrived (its push time)
         self.last_heard = np.zeros(n)
-        self.last_told = np.zeros(n)  # when the server last sent each worker a reply or a keep-alive
-        self.alive_sends: list = []  # keep-alive sends in flight
+        self.alive = KeepAlive(ctx.comm, job.runtime.stall_timeout_s)  # to the workers whose pulls are held
         self.last_loss = np.full(n, np.nan)
         self.stats: list[dict | None] = [None] * n  # what each worker reports once it has stopped
         # per worker, seconds of compute, waiting and injected delay of its pushes taken in (from their
@@ -120,7 +116,8 @@ class Server:
         self.trace.set_attrs(clock_offset_s=0.0)
         t = self.ctx.now()
         self.last_heard[:] = t
-        self.last_told[:] = t
+        for w in range(self.n):
+            self.alive.told(self.ctx.worker_rank(w), t)
         self.pull_requested[:] = t
         self.peers.start(t)
         self.next_checkpoint += t  # a resumed run's clock goes on from its checkpoint
@@ -252,7 +249,7 @@ class Server:
         reply = self.store.reply(w, buffer, stop, head, send_weights)
         self.peers.order("reply", w, 1 if stop else 0)
         self.last_heard[w] = t
-        self.last_told[w] = t
+        self.alive.told(self.ctx.worker_rank(w), t)
         self.trace.append("pulls", worker=w, t_request=self.pull_requested[w], t_reply=t, version=self.version)
         return reply
 
@@ -314,12 +311,7 @@ class Server:
         """Tell each worker whose pull the sync model holds, every quarter of the stall timeout, that the
         server still lives: the worker's own watchdog then fires only on a dead or stopped server, not
         on a long hold (``protocol.ALIVE_TAG``)."""
-        interval = self.job.runtime.stall_timeout_s / 4
-        for w in self.policy.held:
-            if w not in self.left and now - self.last_told[w] >= interval:
-                self.alive_sends.append(self.ctx.comm.Isend([ALIVE, MPI.DOUBLE], self.ctx.worker_rank(w), ALIVE_TAG))
-                self.last_told[w] = now
-        self.alive_sends = [r for r in self.alive_sends if not r.Test()]
+        self.alive.tick(now, [self.ctx.worker_rank(w) for w in self.policy.held if w not in self.left])
 
     def _take_other_messages(self) -> bool:
         """Take the statistics of workers that have stopped, and the other servers' keep-alives and
@@ -442,7 +434,7 @@ class Server:
         if self.fetches is not None:  # every worker has had its stop reply: no fetch is coming
             self.fetches.close()
         stats = self._collect_stats()
-        wait_all(self.alive_sends, self.ctx.backoff())  # small sends, complete already or soon
+        self.alive.wait(self.ctx.backoff())
         self.peers.wait_sends(self.ctx.backoff())
         self.progress.close(int(self.pushes.sum()), test_acc=acc, version=self.version)
         heard = self.last_loss[np.isfinite(self.last_loss)]

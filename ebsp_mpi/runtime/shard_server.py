@@ -20,17 +20,14 @@ from mpi4py import MPI
 
 from .. import build
 from ..config import JobConfig
-from .comm import Context, Silence, open_rank_trace, wait_all
+from .comm import HOUSEKEEPING_S, Context, KeepAlive, Silence, open_rank_trace, wait_all
 from .faults import fault_for
 from .layout import make_layout
-from .peers import ALIVE
 from .protocol import ALIVE_TAG, ORDER_TAG, ORDER_WIDTH, ORDERS, SNAP_TAG, STATS_TAG, ProtocolError
 from .shard import ShardStore
 
 log = logging.getLogger(__name__)
 
-#: seconds between housekeeping passes (keep-alive to rank 0, its watchdog, trace flush)
-HOUSEKEEPING_S = 0.05
 OP = {code: name for name, code in ORDERS.items()}
 
 
@@ -60,8 +57,9 @@ class ShardServer:
         self.queue: deque = deque()  # orders not carried out yet
         self.order_buf = np.empty(ORDER_WIDTH * (2 * n + 8))
         self.alive_buf = np.zeros(1)
-        self.keepalive = ctx.comm.Recv_init([self.alive_buf, MPI.DOUBLE], 0, ALIVE_TAG)
-        self.sends: list = []  # keep-alives and snapshots in flight, with their buffers
+        self.alive_recv = ctx.comm.Recv_init([self.alive_buf, MPI.DOUBLE], 0, ALIVE_TAG)
+        self.sends: list = []  # snapshots in flight, with their buffers
+        self.alive = KeepAlive(ctx.comm, job.runtime.stall_timeout_s)  # to rank 0, while no order comes
         self.ended = False
         self.trace = open_rank_trace(ctx, job, run_dir, role="server", backend="numpy", device="cpu",
                                      append=resume is not None)
@@ -72,9 +70,10 @@ class ShardServer:
         ctx, backoff = self.ctx, self.ctx.backoff()
         shard = self.store.shard
         log.info("server rank %d: elements [%d, %d) of %d", ctx.rank, shard.lo, shard.hi, self.params.size)
-        self.keepalive.Start()
-        scheduler = Silence(self.job.runtime.stall_timeout_s, "the scheduler (rank 0)", self.keepalive)
-        last_told, next_housekeeping = ctx.now(), 0.0
+        self.alive_recv.Start()
+        scheduler = Silence(self.job.runtime.stall_timeout_s, "the scheduler (rank 0)", self.alive_recv)
+        self.alive.told(0, ctx.now())
+        next_housekeeping = 0.0
         while not self.ended:
             arrived = self.store.take_parts(self.heard, 0.0)
             self.complete[arrived] = True
@@ -87,9 +86,7 @@ class ShardServer:
             now = ctx.now()
             if now >= next_housekeeping:
                 scheduler.check()
-                if now - last_told >= self.job.runtime.stall_timeout_s / 4:
-                    self.sends.append((ctx.comm.Isend([ALIVE, MPI.DOUBLE], 0, ALIVE_TAG), ALIVE))
-                    last_told = now
+                self.alive.tick(now, [0])
                 self.sends = [(r, b) for r, b in self.sends if not r.Test()]
                 self.trace.maybe_flush()
                 next_housekeeping = now + HOUSEKEEPING_S
@@ -191,8 +188,9 @@ class ShardServer:
             self.fault.fire("the end")
         wait_all([req for reply in self.store.replies for req in reply.requests], self.ctx.backoff())
         wait_all([r for r, _ in self.sends], self.ctx.backoff())
-        self.keepalive.Cancel()
-        self.keepalive.Wait()
+        self.alive.wait(self.ctx.backoff())
+        self.alive_recv.Cancel()
+        self.alive_recv.Wait()
         stats = {"bytes": self.store.bytes.as_dict()}
         self.trace.set_attrs(bytes=stats["bytes"])
         self.trace.close()
