@@ -56,7 +56,7 @@ class Server:
         self.policy = make_policy(job.sync, n, seed=job.seed)
         self.layout = make_layout(ctx, job, model)
         self.store = ShardStore(ctx, job, self.params, self.layout, 0, self.policy.round_based)
-        self.opt, self.lr_at = self.store.opt, self.store.lr_at
+        self.opt = self.store.opt
         self.peers = PeerServers(ctx, self.layout, job.runtime.stall_timeout_s)
         # OSDP: the workers fetch their on-demand layers from rank 0 (one server: cli checks it)
         self.fetches = FetchServer(ctx, self.layout, self.params, self.store.bytes) if self.layout.schedule else None

@@ -122,10 +122,10 @@ class ShardStore:
         self.bad[w] = False
         MPI.Prequest.Startall(self.recvs[w * self.parts:(w + 1) * self.parts])
 
-    def take_parts(self, last_heard: np.ndarray, now: float) -> list[int]:
+    def take_parts(self, last_heard: np.ndarray | None = None, now: float = 0.0) -> list[int]:
         """Take the parts of pushes that have arrived; return the workers whose push is now complete
-        here, in the order they completed. ``last_heard[w]`` becomes `now` for every worker a part
-        came from (the watchdog)."""
+        here, in the order they completed. With `last_heard` (the watchdog's, on rank 0),
+        ``last_heard[w]`` becomes `now` for every worker a part came from."""
         done = MPI.Request.Testsome(self.recvs, self.statuses)
         complete = []
         for k, i in enumerate(done or ()):  # statuses[k] belongs to done[k], as in MPI_Testsome
@@ -138,7 +138,8 @@ class ShardStore:
                 self.bytes.received(tensor, scheme, piece.nbytes)
                 if not all_finite(piece):  # checked now, while the chunk is in cache
                     self.bad[w] = True
-            last_heard[w] = now
+            if last_heard is not None:
+                last_heard[w] = now
             self.missing[w] -= 1
             if self.missing[w] == 0:
                 complete.append(w)

@@ -53,7 +53,6 @@ class ShardServer:
         self.pushes = np.zeros(n, dtype=np.int64) if resume is None else np.array(resume.iterations, dtype=np.int64)
         self.outstanding = np.zeros(n, dtype=bool)  # a push of the worker's is expected, not yet taken
         self.complete = np.zeros(n, dtype=bool)  # ... and all of it is here
-        self.heard = np.zeros(n)  # not watched here: rank 0 watches the workers
         self.queue: deque = deque()  # orders not carried out yet
         self.order_buf = np.empty(ORDER_WIDTH * (2 * n + 8))
         self.alive_buf = np.zeros(1)
@@ -75,7 +74,7 @@ class ShardServer:
         self.alive.told(0, ctx.now())
         next_housekeeping = 0.0
         while not self.ended:
-            arrived = self.store.take_parts(self.heard, 0.0)
+            arrived = self.store.take_parts()  # the workers are not watched here: rank 0 watches them
             self.complete[arrived] = True
             progressed = bool(arrived)
             if self._take_orders():
