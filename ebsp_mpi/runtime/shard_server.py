@@ -20,6 +20,7 @@ from mpi4py import MPI
 
 from .. import build
 from ..config import JobConfig
+from ..sync.registry import make_policy
 from .comm import HOUSEKEEPING_S, Context, KeepAlive, Silence, open_rank_trace, wait_all
 from .faults import fault_for
 from .layout import make_layout
@@ -40,7 +41,8 @@ class ShardServer:
         model = build.model(job, ds)
         self.params = model.space.data
         self.layout = make_layout(ctx, job, model)
-        round_based = job.sync.model == "bsp"
+        # rank 0 alone runs the policy; this server only needs to know whether it applies rounds
+        round_based = make_policy(job.sync, ctx.workers, seed=job.seed).round_based
         self.store = ShardStore(ctx, job, self.params, self.layout, ctx.rank, round_based)
         if resume is not None:  # this shard of the checkpoint's parameters and optimizer state
             from ..checkpoint import read_checkpoint
