@@ -29,10 +29,11 @@ A worker's iteration, as messages (DESIGN.md, "Parameters on the wire"):
   schedule, ``plan.osdp_schedule``), and the server answers with the unit's weights as they are now:
   under BSP the round's, under the other models the latest. The unit's gradient goes back as
   ordinary push chunks (the messages break at the unit's edges), and no pull reply carries the unit.
-- **statistics** (worker -> server, ``STATS_TAG``), once, after the reply that told the worker to stop:
-  a small dict for the run's summary (the only pickled message; it is off the hot path). The server
-  takes it whenever it arrives and waits for the missing ones at the end, polling, so that a worker
-  that dies after its last push still ends the job instead of hanging it.
+- **statistics** (``STATS_TAG``, to rank 0), once per rank: from a worker after the reply that told
+  it to stop, and from each of servers 1..k-1 after rank 0's ``end`` order; a small dict for the
+  run's summary (the only pickled message; it is off the hot path). Rank 0 takes each whenever it
+  arrives and waits for the missing ones at the end, polling, so that a rank that dies after its
+  last message still ends the job instead of hanging it.
 
 Chunks follow the tensors (last layer's tensors last), and a tensor larger than ``chunk_bytes`` is split,
 so a layer's gradient can go out as soon as its backward is done (Poseidon's wait-free backpropagation).
