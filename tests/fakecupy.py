@@ -29,6 +29,7 @@ import json
 import os
 import sys
 import types
+import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -86,6 +87,7 @@ class ndarray(np.ndarray):  # CuPy's name
 
     def __array_finalize__(self, obj):
         self.device_id = getattr(obj, "device_id", state.device)
+        _POOL.hold(self)  # a fresh array is a new block of the pool; a view holds its base's
 
     @property
     def device(self):
@@ -265,14 +267,49 @@ def _properties(device: int) -> dict:
 
 
 class _MemoryPool:
+    """CuPy's default memory pool, as far as the bytes it holds go.
+
+    Every device array the fake hands out owns a block, rounded up to 512 bytes as CuPy's are; views
+    share their base's. A block no array holds any more stays in the pool, cached for the next
+    allocation: the pool gives nothing back to the device while a run lasts, so its total only grows,
+    until :meth:`free_all_blocks` drops the cached blocks. The fake reuses cached blocks without
+    fragmentation, so its total is the most its arrays ever held at once since then (CuPy's is at
+    least that).
+    """
+
+    ROUND = 512
+
+    def __init__(self):
+        self.used = 0  # bytes of the blocks arrays hold
+        self.total = 0  # those and the cached ones
+        self._blocks: dict[int, weakref.finalize] = {}  # id of the array owning a block -> its release
+
+    def hold(self, a: np.ndarray) -> None:
+        """`a` was just made: if it owns memory not yet counted, that is a new block."""
+        owner = a
+        while getattr(owner, "base", None) is not None:  # a view of a view ... of the owner
+            owner = owner.base
+        if not isinstance(owner, np.ndarray) or id(owner) in self._blocks or owner.nbytes == 0:
+            return  # memory the fake did not allocate (a buffer object's), already counted, or none
+        size = -(-owner.nbytes // self.ROUND) * self.ROUND
+        self.used += size
+        self.total = max(self.total, self.used)
+        release = weakref.finalize(owner, self._release, id(owner), size)
+        release.atexit = False
+        self._blocks[id(owner)] = release
+
+    def _release(self, key: int, size: int) -> None:
+        del self._blocks[key]
+        self.used -= size  # the block stays in the pool, cached: the total keeps it
+
     def used_bytes(self) -> int:
-        return 0
+        return self.used
 
     def total_bytes(self) -> int:
-        return 0
+        return self.total
 
     def free_all_blocks(self) -> None:
-        pass
+        self.total = self.used
 
 
 _POOL = _MemoryPool()

@@ -77,6 +77,22 @@ def test_the_fake_refuses_what_a_gpu_refuses(device):
     assert not device.state.pending and device.state.synchronizes == 1
 
 
+def test_the_fakes_memory_pool_keeps_every_block_until_its_free_blocks_are_dropped(device):
+    """What runtime/peak.py reads on a GPU: the pool's total is the most it held at once."""
+    pool = device.get_default_memory_pool()
+    pool.free_all_blocks()
+    used = pool.used_bytes()
+    assert pool.total_bytes() == used
+    a = device.zeros(1000, dtype=np.float32)  # 4000 bytes: a block of 4096
+    b = a * 2  # a fresh result, a block of its own
+    view = a[10:]  # shares a's block
+    assert pool.used_bytes() == pool.total_bytes() == used + 2 * 4096
+    del a, b  # the view keeps a's block in use; b's is cached
+    assert pool.used_bytes() == used + 4096 and pool.total_bytes() == used + 2 * 4096
+    pool.free_all_blocks()
+    assert pool.total_bytes() == used + 4096 and view.size == 990
+
+
 # -- one worker's messages, with a recording communicator ----------------------------------------------
 
 

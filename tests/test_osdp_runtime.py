@@ -251,6 +251,16 @@ def digits_plan(tmp_path: Path, choices, overlap: bool) -> Path:
     return path
 
 
+def held_bytes(plan: Path) -> int:
+    """What a worker under `plan` holds for the whole run, at least: its resident layers' weights and
+    gradients (its ``ParamSpace``, float32) and the fetch buffer."""
+    job = load_job(None, [HIDDEN])
+    whole = build.model(job, build.dataset(job)).space
+    doc = json.loads(plan.read_text())
+    resident = sum(v.size for v in whole.tensors if v.name not in on_demand_tensors(doc)) * 4
+    return 2 * resident + doc["buffer_bytes"]
+
+
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("choices, overlap, wire", [((2, 1, 0), True, "runtime.wait_free_backprop=true"),
                                                     ((1, 0, 3), False, "runtime.wait_free_backprop=false")],
@@ -264,13 +274,9 @@ def test_bsp_with_on_demand_layers_equals_the_oracle(choices, overlap, wire, ora
     s = json.loads((tmp_path / "osdp" / "summary.json").read_text())
     assert s["iterations"] == [30, 30, 30]
     measured = s["osdp"]["measured"]
-    # the worker holds its resident layers' weights and gradients, the fetch buffer and the split
-    # temporary for the whole run (the activations of this small MLP come on top, well under 1 MiB)
-    job = load_job(None, [HIDDEN])
-    whole = build.model(job, build.dataset(job)).space
-    doc = json.loads(plan.read_text())
-    resident = sum(v.size for v in whole.tensors if v.name not in on_demand_tensors(doc)) * 4
-    held = 2 * resident + doc["buffer_bytes"]
+    # the split temporary and the activations of this small MLP come on top of what the worker
+    # holds for the whole run, well under 1 MiB
+    held = held_bytes(plan)
     for peak in measured["peak_bytes"]:
         assert held <= peak <= held + (1 << 20), (peak, held)
     assert all(t > 0 for t in measured["iteration_s"])
@@ -322,4 +328,8 @@ def test_bsp_with_on_demand_layers_on_the_fake_device_equals_the_oracle(wire, or
     assert p.returncode == 0, p.stderr
     assert max_abs_difference(tmp_path / "gpu", oracle) <= 1e-5
     s = json.loads((tmp_path / "gpu" / "summary.json").read_text())
-    assert "cupy:" in json.dumps(s) and len(s["osdp"]["measured"]["peak_bytes"]) == 3
+    assert "cupy:" in json.dumps(s)
+    # the device memory pool's peak (the fake's counts its arrays): as on NumPy, what the worker holds
+    # for the whole run and, well under 1 MiB, its steps' activations and the batches on the device
+    peaks, held = s["osdp"]["measured"]["peak_bytes"], held_bytes(plan)
+    assert len(peaks) == 3 and all(held <= peak <= held + (1 << 20) for peak in peaks), (peaks, held)
