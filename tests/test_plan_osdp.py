@@ -141,7 +141,7 @@ def test_infeasible_names_the_smallest_plan():
 
 
 def test_larger_batch_wins_when_it_fits():
-    small, large = equal_mlp(64), equal_mlp(64)
+    small = equal_mlp(64)
     large = CostModel(64, small.blocks, 0.0, 1e-6, 10**6, small.latency_s, small.bandwidth, 4, 0.0, False)
     roomy = osdp.plan([small, large], 10**9)
     assert roomy.batch == 64  # same compute per iteration, four times the samples
