@@ -62,6 +62,17 @@ def train(n: int, out, *overrides: str, job=None, timeout: float = 240,
         pytest.fail(f"mpiexec -n {n} train did not finish in {timeout} s:\n{e.stdout}\n{e.stderr}")
 
 
+def resume(n: int, run_dir, *overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """``train --resume run_dir`` under mpiexec (`overrides` may change only how long it runs); fail
+    (not hang) when it passes `timeout` seconds."""
+    cmd = train_cmd(n, run_dir, *overrides)
+    cmd[cmd.index("--out")] = "--resume"
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env())
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"mpiexec -n {n} train --resume did not finish in {timeout} s:\n{e.stdout}\n{e.stderr}")
+
+
 def local(out, *overrides: str, job=None, timeout: float = 240) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "ebsp_mpi", "train", "-q", "--out", str(out)]
     if job:

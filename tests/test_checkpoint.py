@@ -20,7 +20,7 @@ from ebsp_mpi.errors import UsageError
 from ebsp_mpi.outputs import read_model
 from ebsp_mpi.sync.registry import POLICIES, make_policy
 from ebsp_mpi.trace import read_run
-from mpirun import child_env, local, pids_of_rank, train, train_cmd
+from mpirun import child_env, local, pids_of_rank, resume, train, train_cmd
 
 # 200 BSP rounds of about 25 ms (an emulated 20 ms of compute): a run of about 5 s to stop in the middle
 BSP = ["stop.iterations=200", "straggler.base_s=0.02", "optim.weight_decay=5e-4", "trace.flush_seconds=0.1"]
@@ -134,12 +134,6 @@ def _stop_mid_run(out: Path, sig: int, *overrides: str) -> subprocess.CompletedP
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
-def _resume(out: Path, ranks: int = 3) -> subprocess.CompletedProcess:
-    cmd = train_cmd(ranks, out)
-    cmd[cmd.index("--out")] = "--resume"
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=child_env())
-
-
 @pytest.fixture(scope="module")
 def unbroken(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("unbroken") / "run"
@@ -167,7 +161,7 @@ def test_bsp_killed_mid_run_and_resumed_equals_bsp_run_through(unbroken, tmp_pat
     assert 0 < ckpt.version < 200
     assert last_push - ckpt.run_seconds <= EVERY + 0.5  # lost: at most the work since the last checkpoint
 
-    resumed = _resume(out)
+    resumed = resume(3, out)
     assert resumed.returncode == 0, resumed.stderr
     assert _same_model(unbroken, out) <= 1e-5
     s = json.loads((out / "summary.json").read_text())
@@ -188,7 +182,7 @@ def test_a_sigtermed_run_exits_0_after_its_checkpoint_and_resumes_to_the_same_mo
     first = json.loads((out / "summary.json").read_text())
     assert 0 < first["iterations"][0] < 200
     assert read_checkpoint(out, arrays=False).iterations.tolist() == first["iterations"]
-    resumed = _resume(out)
+    resumed = resume(3, out)
     assert resumed.returncode == 0, resumed.stderr
     assert _same_model(unbroken, out) <= 1e-5
 
@@ -201,7 +195,7 @@ def test_every_sync_model_resumes_after_kill_9_and_trains_as_far(model, tmp_path
            "optim.momentum=0.5", f"checkpoint.every_seconds={EVERY}"]
     killed = _stop_mid_run(tmp_path / "run", signal.SIGKILL, *job)
     assert killed.returncode != 0
-    resumed = _resume(tmp_path / "run")
+    resumed = resume(3, tmp_path / "run")
     assert resumed.returncode == 0, resumed.stderr
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert s["iterations"] == [200, 200]
@@ -219,12 +213,8 @@ def test_resume_refuses_what_it_cannot_continue(case, message, tmp_path):
         assert train(3, out, "stop.iterations=5").returncode == 0
     else:
         out.mkdir()
-    ranks, extra = (4, []) if case == "other world size" else (3, [])
-    if case == "changed job":
-        extra = ["--set", "optim.lr=0.3"]
-    cmd = train_cmd(ranks, out)
-    cmd[cmd.index("--out")] = "--resume"
-    p = subprocess.run(cmd + extra, capture_output=True, text=True, timeout=120, env=child_env())
+    ranks = 4 if case == "other world size" else 3
+    p = resume(ranks, out, *(["optim.lr=0.3"] if case == "changed job" else []), timeout=120)
     assert p.returncode == 2, p.stderr
     assert message in p.stderr and p.stderr.count("ebsp_mpi: error") == 1, p.stderr
 
@@ -240,6 +230,6 @@ def test_bsp_with_sufficient_factors_killed_and_resumed_equals_it_run_through(tm
     killed = _stop_mid_run(tmp_path / "run", signal.SIGKILL, *job, f"checkpoint.every_seconds={EVERY}")
     assert killed.returncode != 0
     assert 0 < read_checkpoint(tmp_path / "run", arrays=False).version < 200
-    resumed = _resume(tmp_path / "run")
+    resumed = resume(3, tmp_path / "run")
     assert resumed.returncode == 0, resumed.stderr
     assert _same_model(tmp_path / "whole", tmp_path / "run") <= 1e-5

@@ -9,8 +9,6 @@ Each launch carries a timeout.
 import itertools
 import json
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +18,7 @@ from ebsp_mpi.outputs import read_model
 from ebsp_mpi.runtime.protocol import owner_of_chunks, plan_chunks, plan_shards
 from ebsp_mpi.trace import read_run
 from datafiles import write_poisoned
-from mpirun import child_env, local, max_abs_difference, mpiexec, signal_until_named, train, watchdog_flags
+from mpirun import local, max_abs_difference, resume, signal_until_named, train, watchdog_flags
 
 ORACLE = ["sync.model=bsp", "stop.iterations=40", "optim.momentum=0.9", "optim.weight_decay=5e-4",
           "straggler.enabled=false"]
@@ -198,9 +196,7 @@ def test_a_run_with_two_servers_resumes_from_its_checkpoint_exactly(tmp_path):
     checkpoint, equal 80 in one go (BSP)."""
     first = train(5, tmp_path / "resumed", "runtime.servers=2", *ORACLE, timeout=180)
     assert first.returncode == 0, first.stderr
-    resumed = subprocess.run([*mpiexec(), "-n", "5", sys.executable, "-m", "ebsp_mpi", "train", "-q", "--resume",
-                              str(tmp_path / "resumed"), "--set", "stop.iterations=80"],
-                             capture_output=True, text=True, timeout=180, env=child_env())
+    resumed = resume(5, tmp_path / "resumed", "stop.iterations=80", timeout=180)
     assert resumed.returncode == 0, resumed.stderr
     whole = [o for o in ORACLE if not o.startswith("stop.")]
     p = train(5, tmp_path / "whole", "runtime.servers=2", *whole, "stop.iterations=80", timeout=180)
