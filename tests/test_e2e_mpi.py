@@ -77,7 +77,7 @@ def test_ssp_never_starts_an_iteration_beyond_the_staleness_bound(s, tmp_path):
     # tests/test_sync_policies.py checks the bound exactly, event by event)
     pushes = {w: np.sort(rows["t_push"]) for w, rows in its.items()}
     for w, rows in its.items():
-        for k, t in zip(rows["iteration"], rows["t_start"]):
+        for k, t in zip(rows["iteration"], rows["t_start"], strict=True):
             slowest = min(int(np.searchsorted(pushes[j], t, side="right")) for j in its)
             assert k - slowest <= s, f"worker {w} started iteration {k} while the slowest had {slowest} pushes"
     if s == 0:  # lockstep: everyone's k-th iteration starts after everyone's (k-1)-th push

@@ -73,7 +73,7 @@ def test_shards_are_contiguous_cover_every_chunk_and_have_the_smallest_largest_s
 
 def test_more_servers_than_messages_is_an_error_that_says_what_to_change():
     chunks = plan_chunks([(0, 10), (10, 10)], 4, 4096)
-    with pytest.raises(ValueError, match="2 messages per push cannot be dealt to 3 servers; lower runtime.servers"):
+    with pytest.raises(ValueError, match=r"2 messages per push cannot be dealt to 3 servers; lower runtime\.servers"):
         plan_shards(chunks, 3)
 
 
