@@ -156,7 +156,8 @@ if wanted oracle; then
   for wfbp in false true; do
     run "oracle-cupy-wfbp-$wfbp" "$MPIEXEC" -n 3 "$PYTHON" -m ebsp_mpi train -q --out "$OUT/runs/oracle-cupy-wfbp-$wfbp" \
       --set backend=cupy --set runtime.wait_free_backprop="$wfbp" "${oracle[@]}"
-    # the tests' comparison (the same tensors and version, tests/mpirun.py) and the tests' tolerance
+    # the tests' comparison (the same tensors and version, tests/mpirun.py); 1e-4, not the tests' 1e-5:
+    # those compare NumPy with NumPy, here cuBLAS sums 40 iterations of float32 in another order
     run "oracle-compare-wfbp-$wfbp" env PYTHONPATH="$PWD/tests${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -c '
 import sys
 from pathlib import Path
@@ -164,8 +165,8 @@ from pathlib import Path
 from mpirun import max_abs_difference
 
 diff = max_abs_difference(Path(sys.argv[1]), Path(sys.argv[2]))
-print(f"BSP on CuPy against the NumPy oracle: largest difference {diff:.3g} (tolerance 1e-5)")
-sys.exit(0 if diff <= 1e-5 else 1)
+print(f"BSP on CuPy against the NumPy oracle: largest difference {diff:.3g} (tolerance 1e-4)")
+sys.exit(0 if diff <= 1e-4 else 1)
 ' "$OUT/runs/oracle-numpy" "$OUT/runs/oracle-cupy-wfbp-$wfbp"
   done
 fi
