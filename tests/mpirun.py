@@ -82,6 +82,15 @@ def local(out, *overrides: str, job=None, timeout: float = 240) -> subprocess.Co
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env())
 
 
+def oracle_run(tmp_path_factory, *overrides: str) -> Path:
+    """The single-process oracle of `overrides` in a fresh directory, for a module-scoped fixture: the
+    runs of a test file that are held against one oracle share it."""
+    out = tmp_path_factory.mktemp("oracle") / "run"
+    p = local(out, *overrides)
+    assert p.returncode == 0, p.stderr
+    return out
+
+
 def pids_of_rank(out_dir: Path, rank: int) -> list[int]:
     """The PIDs of rank `rank` of the run writing to `out_dir` (found through /proc)."""
     pids = []

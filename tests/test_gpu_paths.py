@@ -23,7 +23,7 @@ import fakecupy
 from ebsp_mpi.backend import resolve_backend
 from ebsp_mpi.nn import build_model
 from ebsp_mpi.outputs import read_model
-from mpirun import local, max_abs_difference, train
+from mpirun import max_abs_difference, oracle_run, train
 
 @pytest.fixture
 def device(monkeypatch):
@@ -222,10 +222,7 @@ ORACLE = ["sync.model=bsp", "stop.iterations=30", "optim.momentum=0.9", "straggl
 @pytest.fixture(scope="module")
 def oracle(tmp_path_factory) -> Path:
     """The single-process NumPy oracle of ``ORACLE`` with 2 workers, run once for both runs."""
-    out = tmp_path_factory.mktemp("oracle") / "run"
-    p = local(out, "sync.workers=2", *ORACLE)
-    assert p.returncode == 0, p.stderr
-    return out
+    return oracle_run(tmp_path_factory, "sync.workers=2", *ORACLE)
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ from ebsp_mpi.plan.osdp_files import PLAN_FORMAT, SHAPE_KEYS, VERSION, OsdpFileE
 from ebsp_mpi.plan.osdp_schedule import make_schedule, on_demand_tensors
 from ebsp_mpi.runtime.layout import _cut
 from cliutil import one_line_error
-from mpirun import local, max_abs_difference, train
+from mpirun import max_abs_difference, oracle_run, train
 
 
 def write_plan(path: Path, model, choices, overlap: bool = False, batch: int = 32) -> dict:
@@ -238,10 +238,7 @@ ORACLE = ["sync.model=bsp", "stop.iterations=30", "optim.momentum=0.9", "straggl
 @pytest.fixture(scope="module")
 def oracle(tmp_path_factory) -> Path:
     """The single-process oracle of ``ORACLE`` with 3 workers, run once for every run it is held against."""
-    out = tmp_path_factory.mktemp("oracle") / "run"
-    p = local(out, "sync.workers=3", *ORACLE)
-    assert p.returncode == 0, p.stderr
-    return out
+    return oracle_run(tmp_path_factory, "sync.workers=3", *ORACLE)
 
 
 def digits_plan(tmp_path: Path, choices, overlap: bool) -> Path:

@@ -18,7 +18,7 @@ from ebsp_mpi.outputs import read_model
 from ebsp_mpi.runtime.protocol import owner_of_chunks, plan_chunks, plan_shards
 from ebsp_mpi.trace import read_run
 from datafiles import write_poisoned
-from mpirun import local, max_abs_difference, resume, signal_until_named, train, watchdog_flags
+from mpirun import max_abs_difference, oracle_run, resume, signal_until_named, train, watchdog_flags
 
 ORACLE = ["sync.model=bsp", "stop.iterations=40", "optim.momentum=0.9", "optim.weight_decay=5e-4",
           "straggler.enabled=false"]
@@ -84,10 +84,7 @@ def test_more_servers_than_messages_is_an_error_that_says_what_to_change():
 def oracle(tmp_path_factory) -> Path:
     """The single-process oracle of ``ORACLE`` with 3 workers (how the weights travel does not change
     it), run once for every wire."""
-    out = tmp_path_factory.mktemp("oracle") / "run"
-    p = local(out, "sync.workers=3", *ORACLE)
-    assert p.returncode == 0, p.stderr
-    return out
+    return oracle_run(tmp_path_factory, "sync.workers=3", *ORACLE)
 
 
 @pytest.mark.parametrize("wire", [["runtime.chunk_bytes=4096"], ["comm.hybrid=sfb"]], ids=["ps", "sfb"])
