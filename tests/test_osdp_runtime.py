@@ -20,6 +20,7 @@ import pytest
 
 from ebsp_mpi import build
 from ebsp_mpi.config import load_job
+from ebsp_mpi.nn.layers import Conv2D, Dense
 from ebsp_mpi.nn.model import build_model
 from ebsp_mpi.nn.ondemand import OnDemandStep, Transport
 from ebsp_mpi.nn.params import ParamSpace, TensorSpec
@@ -82,7 +83,8 @@ class CopyTransport(Transport):
 MODELS = {
     "mlp": dict(kind="mlp", in_shape=(20,), hidden=(16, 12), plans=[(0, 0, 0), (1, 0, 1), (2, 3, 1), (4, 4, 2),
                                                                   (0, 2, 0), (1, 1, 1), (0, 0, 5)]),
-    "cnn": dict(kind="cnn", in_shape=(2, 6, 6), hidden=(16,), plans=[(1, 0, 0, 1), (0, 1, 1, 2), (1, 1, 1, 1)]),
+    "cnn": dict(kind="cnn", in_shape=(2, 6, 6), hidden=(16,), plans=[(1, 0, 0, 1), (0, 1, 1, 2), (1, 1, 1, 1),
+                                                                    (2, 0, 0, 0), (3, 4, 1, 2), (0, 2, 0, 1)]),
 }
 
 
@@ -121,6 +123,41 @@ def test_on_demand_steps_equal_the_whole_models_loss_and_gradient(name, overlap,
 
 
 
+@pytest.mark.parametrize("layer, in_shape", [(lambda: Dense(7), (10,)),
+                                             (lambda: Conv2D(5, 3, padding=1), (3, 6, 7)),
+                                             (lambda: Conv2D(6, (3, 2), stride=2, padding=(1, 0)), (2, 7, 8))],
+                         ids=["dense", "conv-wide", "conv-strided"])
+def test_a_layer_in_slices_equals_the_whole_layer(layer, in_shape):
+    """``forward_slice`` and ``backward_slice`` (last slice first) against ``forward`` and ``backward``:
+    the output, dW and db, and dx (or none) for every slice count."""
+    rng = np.random.default_rng(3)
+    whole, sliced = layer(), layer()
+    specs, out_shape = whole.build(in_shape, "l")
+    sliced.build(in_shape, "l")
+    space = ParamSpace(specs, dtype=np.float64)
+    space.init(1)
+    whole.bind(space)
+    sliced.xp = np
+    W, b = space.param("l.W"), space.param("l.b")
+    x, dy = rng.normal(size=(4, *in_shape)), rng.normal(size=(4, *out_shape))
+    y = whole.forward(x, True)
+    dx = whole.backward(dy, need_dx=True)
+    rows, per_row = W.shape[0], W[0].size
+    conv = isinstance(sliced, Conv2D)
+    for s, need_dx in itertools.product(range(1, rows + 1), (True, False)):
+        bounds = np.cumsum([0] + [len(r) for r in np.array_split(np.arange(rows), s)])
+        units = [(W[a:c].ravel().copy(), b[a:c].copy() if conv else b.copy() if c == rows else b[:0].copy())
+                 for a, c in itertools.pairwise(bounds)]
+        temp = np.empty(x.shape[0] * b.size)
+        got = [sliced.forward_slice(x, w_k, b_k, int(a), temp) for (w_k, b_k), a in zip(units, bounds, strict=False)]
+        assert all(g is None for g in got[:-1]) and np.abs(got[-1] - y).max() <= 1e-12, s
+        back = [sliced.backward_slice(dy, *units[k], int(bounds[k]), need_dx) for k in reversed(range(s))]
+        assert all(g is None for g in back[:-1])
+        assert np.abs(np.concatenate([w_k for w_k, _ in units]) - space.grad_of("l.W").ravel()).max() <= 1e-12, s
+        assert np.abs(np.concatenate([b_k for _, b_k in units]) - space.grad_of("l.b")).max() <= 1e-12, s
+        assert back[-1] is None if not need_dx else np.abs(back[-1] - dx).max() <= 1e-12, s
+
+
 #: What tracemalloc also sees of a step beyond arrays: its Python objects (views into the fetch buffer,
 #: layers bound to them), a few hundred bytes.
 OBJECTS = 4096
@@ -147,7 +184,8 @@ def test_an_on_demand_step_holds_no_more_than_the_plans_activations_and_input_gr
     ``input_grad`` term. A step of any plan stays under the two (the split temporary and the fetch
     buffer are allocated before it)."""
     in_shape, hidden, plans = ((96,), (160, 128, 96), [(0, 1, 0, 0), (1, 0, 1, 0), (0, 2, 4, 1), (1, 1, 1, 1)]) \
-        if kind == "mlp" else ((3, 12, 12), (64,), [(1, 0, 0, 0), (0, 1, 0, 0), (1, 1, 1, 1), (0, 0, 0, 2)])
+        if kind == "mlp" else ((3, 12, 12), (64,), [(1, 0, 0, 0), (0, 1, 0, 0), (1, 1, 1, 1), (0, 0, 0, 2),
+                                                    (2, 0, 0, 0), (0, 4, 0, 0), (2, 4, 2, 2)])
     spec = dict(kind=kind, in_shape=in_shape, hidden=hidden)
     batch, whole = 32, _model(spec)
     rng = np.random.default_rng(0)
@@ -197,16 +235,12 @@ def test_the_schedule_fetches_each_unit_for_its_forward_and_backward_and_keeps_t
             assert a[1] <= b[0] or b[1] <= a[0], (k, a, b)
 
 
-def test_a_plan_whose_buffer_is_too_small_or_that_splits_a_conv_is_refused(tmp_path):
-    model = _model(MODELS["mlp"])
-    plan = write_plan(tmp_path / "p.json", model, (2, 2, 0))
-    with pytest.raises(OsdpFileError, match="buffer_bytes"):
-        make_schedule({**plan, "buffer_bytes": plan["buffer_bytes"] - 4}, model)
-    cnn = _model(MODELS["cnn"])
-    layers = write_plan(tmp_path / "c.json", cnn, (0, 1, 1, 1))["layers"]
-    layers[0] = {**layers[0], "mode": "on-demand", "slices": 2, "slice_rows": [2, 1]}
-    with pytest.raises(OsdpFileError, match="Conv2D in 2 slices"):
-        make_schedule({"layers": layers, "buffer_bytes": 1 << 40}, cnn)
+def test_a_plan_whose_buffer_is_too_small_is_refused(tmp_path):
+    for name, choices in (("mlp", (2, 2, 0)), ("cnn", (2, 3, 0, 0))):
+        model = _model(MODELS[name])
+        plan = write_plan(tmp_path / "p.json", model, choices)
+        with pytest.raises(OsdpFileError, match="buffer_bytes"):
+            make_schedule({**plan, "buffer_bytes": plan["buffer_bytes"] - 4}, model)
 
 
 def test_a_partial_param_space_holds_only_its_tensors_with_the_whole_models_values():
@@ -241,8 +275,8 @@ def oracle(tmp_path_factory) -> Path:
     return oracle_run(tmp_path_factory, "sync.workers=3", *ORACLE)
 
 
-def digits_plan(tmp_path: Path, choices, overlap: bool) -> Path:
-    job = load_job(None, [HIDDEN])
+def digits_plan(tmp_path: Path, choices, overlap: bool, model=(HIDDEN,)) -> Path:
+    job = load_job(None, list(model))
     path = tmp_path / "plan.json"
     write_plan(path, build.model(job, build.dataset(job)), choices, overlap)
     return path
@@ -278,6 +312,22 @@ def test_bsp_with_on_demand_layers_equals_the_oracle(choices, overlap, wire, ora
         assert held <= peak <= held + (1 << 20), (peak, held)
     assert all(t > 0 for t in measured["iteration_s"])
     assert all(m > 0 for m in measured["transfer_messages"])  # fetches and their pushes were counted
+
+
+CNN = ("model.kind=cnn", "model.channels=[4, 8]", "model.hidden=[32]")
+
+
+@pytest.mark.timeout(400)
+def test_bsp_with_conv_layers_in_slices_equals_the_oracle(tmp_path_factory, tmp_path):
+    """Each Conv2D slice is two runs of the parameters (its channels' W, then their b): fetched as one
+    unit, its gradient pushed as one message per run."""
+    overrides = [o for o in ORACLE if o != HIDDEN] + [*CNN, "stop.iterations=20"]
+    oracle = oracle_run(tmp_path_factory, "sync.workers=3", *overrides)
+    plan = digits_plan(tmp_path, (2, 4, 1, 0), True, model=CNN)
+    p = train(4, tmp_path / "osdp", f"osdp.plan={plan}", *overrides, timeout=180)
+    assert p.returncode == 0, p.stderr
+    assert max_abs_difference(tmp_path / "osdp", oracle) <= 1e-5
+    assert json.loads((tmp_path / "osdp" / "summary.json").read_text())["iterations"] == [20, 20, 20]
 
 
 @pytest.mark.timeout(600)

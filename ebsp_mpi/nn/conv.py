@@ -45,6 +45,7 @@ class Conv2D(Layer):
             raise ValueError(f"Conv2D: need kernel >= 1, stride >= 1, padding >= 0; got kernel "
                              f"{self.kernel}, stride {self.stride}, padding {self.padding}")
         self.init = init
+        self._bufs = {}
 
     def __repr__(self) -> str:
         return (f"Conv2D({self.out_channels}, kernel={self.kernel}, stride={self.stride}, "
@@ -90,8 +91,7 @@ class Conv2D(Layer):
         self.b = b
         self.dW2 = dW.reshape(o, -1)
         self.db = db
-        if not hasattr(self, "_bufs"):
-            self._bufs = {}
+        self._dtype = W.dtype
 
     def _scratch(self, name, shape, zero=False, keep=True):
         """A buffer kept between training steps (re-made when the shape changes), so that large
@@ -100,7 +100,7 @@ class Conv2D(Layer):
         buf = self._bufs.get(name) if keep else None
         if buf is None or buf.shape != shape:
             make = self.xp.zeros if zero else self.xp.empty
-            buf = make(shape, dtype=self.W2.dtype)
+            buf = make(shape, dtype=self._dtype)
             if keep:
                 self._bufs[name] = buf
         return buf
@@ -177,15 +177,82 @@ class Conv2D(Layer):
         if dcols is None:
             dcols = self._scratch("dcols", cols.shape)
             xp.matmul(self.W2.T, dyg, out=dcols)
-        return self._col2im(dcols, n)
+        buf = self._input_grad(n)
+        self._col2im_add(dcols, buf)
+        return self._unpad(buf)
 
-    def _col2im(self, dcols, n):
-        """Sum the ``(C*kh*kw, N*G)`` column gradient back onto the input: one add per kernel offset."""
+    # -- OSDP slices: a layer split along O, one slice of output channels at a time (nn.ondemand) -----
+
+    def forward_slice(self, x, W, b, o0: int, temp=None):
+        """Output channels ``[o0, o0 + b.size)`` with that slice's rows of W (flat) and its b, written
+        into the layer's output scratch; the first slice (``o0 == 0``) makes the columns, the last one
+        returns y (the others None). Equal to :meth:`forward`: each output is the same GEMM row plus
+        the same bias. `temp` is not used (``Dense.forward_slice`` adds partial products through it)."""
         xp = self.xp
-        c, h, w = self.in_shape
-        (kh, kw), (sh, sw), (ph, pw) = self.kernel, self.stride, self.padding
+        n, o, (ho, wo) = x.shape[0], self.out_channels, self.out_hw
+        o1 = o0 + b.size
+        self._dtype = W.dtype
+        if o0 == 0:
+            self._cols = self._columns(x, keep=True)
+        yg = self._scratch("yg", (o, n * ho * self.grid_w))
+        part = yg[o0:o1]
+        xp.matmul(W.reshape(o1 - o0, -1), self._cols, out=part)
+        part += b[:, None]
+        if o1 < o:
+            return None
+        y = xp.empty((n, o, ho, wo), dtype=yg.dtype)
+        y[...] = yg.reshape(o, n, ho, self.grid_w)[..., :wo].transpose(1, 0, 2, 3)
+        return y
+
+    def backward_slice(self, dy, W, db, o0: int, need_dx: bool):
+        """Backward of output channels ``[o0, o0 + db.size)``, called last slice first: their part of
+        the column gradient added onto the input gradient (it reads W), then their ``dW`` written over
+        W and ``db`` into `db`. The last slice (the first call) lays out dy once; the call for
+        ``o0 == 0`` returns dx (the others None). col2im runs once per slice, a pass over the columns
+        against a GEMM of ``o1 - o0`` rows: what keeps the column gradient to its one scratch."""
+        xp = self.xp
+        n, o, (ho, wo) = dy.shape[0], self.out_channels, self.out_hw
+        o1 = o0 + db.size
+        cols = self._cols
+        if o1 == o:
+            dyg = self._scratch("dy", (o, n, ho, self.grid_w), zero=True)
+            dyg[..., :wo] = dy.transpose(1, 0, 2, 3)
+            self._dx_sum = self._input_grad(n) if need_dx else None
+        dyg = self._bufs["dy"].reshape(o, -1)[o0:o1]
+        W2 = W.reshape(o1 - o0, -1)
+        if need_dx:
+            dcols = self._scratch("dcols", cols.shape)
+            xp.matmul(W2.T, dyg, out=dcols)
+            self._col2im_add(dcols, self._dx_sum)
+        xp.sum(dyg, axis=1, out=db)
+        k = cols.shape[0]
+        dwt = self._scratch("dWt", (k, o)).reshape(-1)[:k * (o1 - o0)].reshape(k, o1 - o0)
+        xp.matmul(cols, dyg.T, out=dwt)
+        W2[...] = dwt.T
+        if o0 > 0:
+            return None
+        self._cols, buf, self._dx_sum = None, self._dx_sum, None
+        return None if buf is None else self._unpad(buf)
+
+    # -- col2im -------------------------------------------------------------------------------------
+
+    def _input_grad(self, n):
+        """A zeroed ``(N, C, plane)`` buffer that col2im adds onto."""
+        return self.xp.zeros((n, self.in_shape[0], self.plane), dtype=self._dtype)
+
+    def _unpad(self, buf):
+        """The input gradient: the interior of the padded images in `buf` (a view)."""
+        _, h, w = self.in_shape
+        ph, pw = self.padding
+        return self._image(buf)[:, :, ph:ph + h, pw:pw + w]
+
+    def _col2im_add(self, dcols, buf):
+        """Add the ``(C*kh*kw, N*G)`` column gradient onto the padded input gradient `buf`: one add per
+        kernel offset."""
+        c = self.in_shape[0]
+        (kh, kw), (sh, sw) = self.kernel, self.stride
         ho, wo = self.out_hw
-        buf = xp.zeros((n, c, self.plane), dtype=dcols.dtype)
+        n = buf.shape[0]
         if self.wide:
             row = self.row
             g = ho * row
@@ -201,4 +268,3 @@ class Conv2D(Layer):
             for i in range(kh):
                 for j in range(kw):
                     dst[:, :, i:i + sh * ho:sh, j:j + sw * wo:sw] += dcols[:, i, j]
-        return self._image(buf)[:, :, ph:ph + h, pw:pw + w]

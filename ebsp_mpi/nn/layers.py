@@ -98,6 +98,47 @@ class Dense(Layer):
             dx = xp.matmul(dy, self.W.T)
         return dx
 
+    # -- OSDP slices: a layer split along ``in``, one slice of W's rows at a time (nn.ondemand) -------
+
+    def forward_slice(self, x, W, b, row0: int, temp):
+        """Slice ``[row0, row0 + rows)`` of W (flat), with b on the last slice (empty before): adds its
+        partial product ``x[:, rows] @ W_k`` into the output. The first slice writes it, the others
+        go through `temp` (at least ``batch * out`` elements, shared by every split layer); the last
+        adds b and returns y (the others None)."""
+        xp, out = self.xp, self.out
+        rows = W.size // out
+        part, W = x[:, row0:row0 + rows], W.reshape(rows, out)
+        if row0 == 0:
+            self._x = x  # the layer's input, for every slice's backward
+            self._y = xp.matmul(part, W)
+        else:
+            tmp = temp[:x.shape[0] * out].reshape(x.shape[0], out)
+            xp.matmul(part, W, out=tmp)
+            self._y += tmp
+        if row0 + rows < self.in_shape[0]:
+            return None
+        y, self._y = self._y, None
+        y += b
+        return y
+
+    def backward_slice(self, dy, W, db, row0: int, need_dx: bool):
+        """Backward of slice ``[row0, row0 + rows)``, called last slice first: its columns of dx (it
+        reads W), then ``dW_k`` written over W and, on the last slice, ``db`` into `db` (empty before).
+        The call for ``row0 == 0`` returns dx (the others None)."""
+        xp, x, out = self.xp, self._x, self.out
+        rows = W.size // out
+        W = W.reshape(rows, out)
+        if row0 + rows == self.in_shape[0]:
+            self._dx = xp.empty_like(x) if need_dx else None
+            xp.sum(dy, axis=0, out=db)
+        if need_dx:  # written in place: a temporary of the slice's columns of dx would add to the peak
+            xp.matmul(dy, W.T, out=self._dx[:, row0:row0 + rows])
+        xp.matmul(x[:, row0:row0 + rows].T, dy, out=W)
+        if row0 > 0:
+            return None
+        dx, self._dx, self._x = self._dx, None, None
+        return dx
+
     def backward_factors(self, dy, factors, need_dx=True, on_factors_ready=None):
         """Like :meth:`backward`, but the weight gradient leaves as sufficient factors (Poseidon's SFB).
 

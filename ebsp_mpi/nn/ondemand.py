@@ -8,10 +8,11 @@ copies from a whole model):
 
 - forward: a whole layer as usual; a Dense slice k adds its partial product ``x[:, rows_k] @ W_k``
   into the output (the first writes it, the others go through one preallocated temporary), and the
-  last slice adds b;
-- backward, last slice first: the input gradient first (it reads W), then ``dW`` written over W and
-  ``db`` over b in the same buffer, which the transport pushes before the next item (no gradient
-  buffer of its own).
+  last slice adds b; a Conv2D slice writes its own output channels (``Conv2D.forward_slice``);
+- backward, last slice first: the input gradient first (it reads W; a Dense slice writes its
+  columns of dx, a Conv2D slice adds its part of the column gradient onto dx), then ``dW`` written
+  over W and ``db`` over b in the same buffer, which the transport pushes before the next item (no
+  gradient buffer of its own).
 
 Values equal :meth:`Model.loss_and_grad`'s up to the summation order of the split products. Pure:
 no MPI; NumPy or CuPy through the model's ``xp``.
@@ -19,7 +20,7 @@ no MPI; NumPy or CuPy through the model's ``xp``.
 
 from __future__ import annotations
 
-from .layers import Conv2D
+from .layers import Dense
 from .losses import softmax_cross_entropy
 
 
@@ -49,7 +50,7 @@ class OnDemandStep:
         self.model, self.schedule = model, schedule
         xp, dtype = model.xp, model.space.dtype
         widths = [model.layers[first].out for (first, _), s in zip(schedule.blocks, schedule.slices, strict=True)
-                  if s > 1]
+                  if s > 1 and isinstance(model.layers[first], Dense)]
         self.temp = xp.empty(batch * max(widths, default=0), dtype=dtype)  # the split_temp_bytes of the plan
 
     def loss_and_grad(self, x, y, transport: Transport, on_grad_ready=None, block_elems: int = 0) -> float:
@@ -96,29 +97,22 @@ class OnDemandStep:
         if unit.slices == 1:
             self._bind(layer, unit, item.at, transport.buffer)
             return self._forward_layers(h, first, stop)
-        xp, region = self.model.xp, transport.buffer[item.at:item.at + unit.elems]
-        rows, out = unit.row1 - unit.row0, layer.out
-        W = region[:rows * out].reshape(rows, out)
-        part = h[:, unit.row0:unit.row1]
-        if unit.k == 0:
-            layer._x = h  # the layer's input, for every slice's backward
-            self._y = xp.matmul(part, W)
-        else:
-            tmp = self.temp[:h.shape[0] * out].reshape(h.shape[0], out)
-            xp.matmul(part, W, out=tmp)
-            self._y += tmp
-        if unit.k < unit.slices - 1:
-            return h  # the next slice reads the same input
-        self._y += region[rows * out:]
-        y, self._y = self._y, None
-        return self._forward_layers(y, first + 1, stop)
+        W, b = self._slice_arrays(unit, item.at, transport.buffer)
+        y = layer.forward_slice(h, W, b, unit.row0, self.temp)
+        return h if y is None else self._forward_layers(y, first + 1, stop)  # the next slice reads h
 
     @staticmethod
-    def _bind(layer, unit, at: int, buffer) -> None:
-        """A whole on-demand layer computes with its unit as W and b, and writes dW, db over them."""
+    def _slice_arrays(unit, at: int, buffer):
+        """A slice's rows of W (flat) and its part of b (a Dense's whole b on its last slice, else
+        empty; a Conv2D's channels' b), as its unit lies in the fetch buffer: W's rows, then b."""
         region = buffer[at:at + unit.elems]
-        w = region.size - (layer.out_channels if isinstance(layer, Conv2D) else layer.out)
-        layer.bind_arrays(region[:w], region[w:], region[:w], region[w:])
+        return region[:unit.w_elems], region[unit.w_elems:]
+
+    @classmethod
+    def _bind(cls, layer, unit, at: int, buffer) -> None:
+        """A whole on-demand layer computes with its unit as W and b, and writes dW, db over them."""
+        W, b = cls._slice_arrays(unit, at, buffer)
+        layer.bind_arrays(W, b, W, b)
 
     # -- backward ----------------------------------------------------------------------------------
 
@@ -148,19 +142,9 @@ class OnDemandStep:
         return layer.backward(dy, need_dx=need_dx, dx_first=True)  # dx reads W before dW overwrites it
 
     def _backward_slice(self, layer, unit, at, buffer, dy, need_dx):
-        """Slice k of a split Dense, last slice first: its rows of dx, then dW_k over W_k (and db over
-        b with the last slice); the whole dx is returned with slice 0, the last one run."""
-        xp, x = self.model.xp, layer._x
-        rows, out = unit.row1 - unit.row0, layer.out
-        region = buffer[at:at + unit.elems]
-        W = region[:rows * out].reshape(rows, out)
-        if unit.k == unit.slices - 1:
-            self._dx = xp.empty_like(x) if need_dx else None
-            xp.sum(dy, axis=0, out=region[rows * out:])
-        if need_dx:  # written in place: a temporary of the slice's rows of dx would add to the peak
-            xp.matmul(dy, W.T, out=self._dx[:, unit.row0:unit.row1])
-        xp.matmul(x[:, unit.row0:unit.row1].T, dy, out=W)
-        if unit.k > 0:
-            return dy  # the slices before this one take the same output gradient
-        dx, self._dx, layer._x = self._dx, None, None
-        return dx
+        """Slice k of a split layer, last slice first (``Dense.backward_slice``,
+        ``Conv2D.backward_slice``): the output gradient passes on to the slices before it; slice 0,
+        the last one run, returns the whole input gradient."""
+        W, db = self._slice_arrays(unit, at, buffer)
+        dx = layer.backward_slice(dy, W, db, unit.row0, need_dx)
+        return dy if unit.k > 0 else dx

@@ -26,7 +26,7 @@ class Unit:
     """What one fetch brings: block `block`'s slice `k` (of `slices`), rows [row0, row1) of its W.
 
     ``runs`` are ``(start, stop)`` ranges of the flat parameter buffer, in the order they lie in the
-    fetch buffer; ``elems`` is their total."""
+    fetch buffer; ``elems`` is their total, of which the first ``w_elems`` are W's rows (b's follow)."""
 
     block: int
     k: int
@@ -34,6 +34,7 @@ class Unit:
     row0: int
     row1: int
     runs: tuple[tuple[int, int], ...]
+    w_elems: int
 
     @property
     def elems(self) -> int:
@@ -103,8 +104,8 @@ def make_schedule(plan: dict, model, where: str = "osdp.plan") -> Schedule:
     Raises
     ------
     OsdpFileError
-        A layer split that the runtime cannot run (a Conv2D in slices), or a plan whose buffer is
-        smaller than the units need.
+        A layer that cannot be fetched on demand (one other than Dense and Conv2D), or a plan whose
+        buffer is smaller than the units need.
     """
     layers = model.layers
     with_params = [i for i, layer in enumerate(layers) if layer.tensor_names]
@@ -115,9 +116,6 @@ def make_schedule(plan: dict, model, where: str = "osdp.plan") -> Schedule:
             slices.append(0)
             continue
         layer, s = layers[first], entry["slices"]
-        if isinstance(layer, Conv2D) and s > 1:
-            raise OsdpFileError(f"{where}: layer {entry['name']} is a Conv2D in {s} slices, which training does not "
-                                f"run yet (whole on-demand Conv2D layers it does); plan again with --splits ''")
         if not isinstance(layer, (Dense, Conv2D)):
             raise OsdpFileError(f"{where}: layer {entry['name']} ({type(layer).__name__}) cannot be fetched on demand")
         slices.append(s)
@@ -144,7 +142,7 @@ def _units(j: int, layer, space, slice_rows: list[int]) -> list[Unit]:
             runs.append((b.offset + row, b.offset + row + n))
         elif k == s - 1:
             runs.append((b.offset, b.offset + b.size))
-        out.append(Unit(j, k, s, row, row + n, _merge(runs)))
+        out.append(Unit(j, k, s, row, row + n, _merge(runs), n * per_row))
         row += n
     return out
 
