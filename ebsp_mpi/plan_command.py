@@ -30,8 +30,6 @@ def add_parser(subparsers) -> None:
                    help="override a job key (repeatable)")
     p.add_argument("--memory-limit", metavar="SIZE", help="per-worker memory limit, e.g. 512MiB, 2GB, 100000")
     p.add_argument("--profile", metavar="FILE", help="profile from python -m ebsp_mpi profile (default: profile now)")
-    p.add_argument("--splits", default="2,4,8", metavar="S,S,...",
-                   help="slice counts a split layer may use (default 2,4,8; each >= 2)")
     p.add_argument("--out", metavar="FILE", default=DEFAULT_OUT, help=f"plan file (default {DEFAULT_OUT})")
     add_profile_options(p)
     authors = p.add_argument_group("the OSDP authors' problem")
@@ -62,8 +60,9 @@ def _job(args) -> int:
     from .config import load_job
     from .errors import UsageError
     from .plan import osdp
-    from .plan.osdp_files import (check_profile_fits, cost_models, model_layers, plan_document, read_profile,
-                                  write_json)
+    from .plan.osdp_files import (check_profile_fits, check_profile_splits, cost_models, model_layers,
+                                  plan_document, read_profile, write_json)
+    from .profile import parse_splits
     from .plan.sizes import parse_size
 
     if args.blocks is not None or args.hidden is not None or args.memory_mb is not None or args.row is not None:
@@ -75,7 +74,7 @@ def _job(args) -> int:
         limit = parse_size(args.memory_limit, "--memory-limit")
     except ValueError as e:
         raise UsageError(str(e)) from None
-    splits = _splits(args.splits)
+    splits = parse_splits(args.splits)
     job = load_job(args.job, args.overrides)
     if args.profile:
         from .profile import _seconds, parse_batch_sizes
@@ -83,6 +82,7 @@ def _job(args) -> int:
         profile = read_profile(args.profile)
         layers = model_layers(build.model(job, build.dataset(job)))
         check_profile_fits(profile, layers, f"--profile {args.profile}")
+        check_profile_splits(profile, splits, f"--profile {args.profile}")
         sizes = parse_batch_sizes(args.batch_sizes) if args.batch_sizes else None
         overhead = _seconds(args.overhead, "--overhead") if args.overhead is not None else None
         profile = _network_given(profile, args)
@@ -155,18 +155,6 @@ def print_plan(best, cm, models, limit: int, out=None) -> None:
     print(f"all resident at batch {cm.batch}: {_size(resident.peak_bytes)}, {resident.iteration_s * 1e3:.3f} ms, "
           f"{resident.samples_per_s:.1f} samples/s" + ("" if resident.peak_bytes <= limit else " (does not fit)"),
           file=out)
-
-
-def _splits(text: str) -> tuple[int, ...]:
-    from .errors import UsageError
-
-    try:
-        splits = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
-    except ValueError:
-        splits = ()
-    if any(s < 2 for s in splits):
-        raise UsageError(f"--splits {text!r}: slice counts must be integers >= 2, e.g. 2,4,8 (empty: no splits)")
-    return splits
 
 
 def _choices(p, models) -> str:

@@ -2,13 +2,16 @@
 measure a step's activation memory, for OSDP's planner (``python -m ebsp_mpi plan``).
 
 For each batch size (``--batch-sizes``, default the job's ``data.batch_size``) the job's model runs
-``--warmup`` then ``--reps`` training steps on random inputs of the data set's shape, layer by layer
-as ``Model.loss_and_grad`` runs them (the first layer with parameters computes no input gradient);
-each layer's forward and backward and the loss are timed separately (``time.perf_counter``, the
-device synchronized before and after on CuPy) and the medians kept. One more step, untimed, measures
-the activation memory A(b): on NumPy the peak of ``tracemalloc`` above what was traced before the
-step (the minibatch, activations and temporaries; the parameters and gradients already existed), on
-CuPy the bytes the memory pool holds after the step, emptied before it.
+``--warmup`` then ``--reps`` training steps on random inputs of the data set's shape, layer by layer as
+``Model.loss_and_grad`` runs them (the first layer with parameters computes no input gradient); each
+layer's forward and backward and the loss are timed separately (``time.perf_counter``, the device
+synchronized before and after on CuPy) and the medians kept. Then each layer with parameters runs in s
+slices for every s of ``--splits`` up to its rows (``forward_slice`` and ``backward_slice``, as an
+on-demand worker runs them), on the inputs and output gradients of a step, and the medians of the s
+slices' total forward and backward are kept: the planner times a slice from these. One more step,
+untimed, measures the activation memory A(b): on NumPy the peak of ``tracemalloc`` above what was traced
+before the step (the minibatch, activations and temporaries; the parameters and gradients already
+existed), on CuPy the bytes the memory pool holds after the step, emptied before it.
 
 Whether transfers overlap compute is ``--overlap``: by default not on NumPy (shared-memory MPI copies
 on the cores that compute), and yes on CuPy. The network figures come from a ``bench mpi`` result
@@ -47,6 +50,9 @@ def add_parser(subparsers) -> None:
 def add_profile_options(p: argparse.ArgumentParser) -> None:
     """The options of a profile, shared with ``plan JOB`` (which profiles when given no --profile)."""
     p.add_argument("--batch-sizes", metavar="B,B,...", help="batch sizes to profile (default: data.batch_size)")
+    p.add_argument("--splits", default="2,4,8", metavar="S,S,...",
+                   help="slice counts a split layer may use: profiled, and planned (default 2,4,8; each >= 2; "
+                        "empty: no splits)")
     p.add_argument("--reps", type=int, default=20, help="timed steps per batch size (medians; default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
     p.add_argument("--bench", metavar="FILE", help="latency and bandwidth from bench mpi --json FILE")
@@ -80,6 +86,7 @@ def run_profile(job, args) -> dict:
     from .plan.osdp_files import PROFILE_FORMAT, PROFILE_VERSION, model_identity, model_layers
 
     batch_sizes = parse_batch_sizes(args.batch_sizes) if args.batch_sizes else [job.data.batch_size]
+    splits = parse_splits(args.splits)
     if args.reps < 1 or args.warmup < 0:
         raise UsageError(f"--reps {args.reps} --warmup {args.warmup}: need reps >= 1 and warmup >= 0")
     network = network_options(args)
@@ -91,6 +98,8 @@ def run_profile(job, args) -> dict:
     layers = model_layers(model)
     for entry in layers:
         entry["forward_s"], entry["backward_s"] = [], []
+        if entry["params"]:
+            entry["slices_s"] = {str(n): {"forward_s": [], "backward_s": []} for n in splits if n <= entry["rows"]}
     loss_s, activations = [], []
     from .progress import Progress
 
@@ -113,6 +122,11 @@ def run_profile(job, args) -> dict:
             entry["forward_s"].append(statistics.median(f for f, _ in t))
             entry["backward_s"].append(statistics.median(bw for _, bw in t))
         loss_s.append(statistics.median(losses))
+        for entry, per_count in zip(layers, slice_times(model, backend, layers, x, y, args.reps, args.warmup),
+                                    strict=True):
+            for n, (f, bw) in per_count.items():
+                entry["slices_s"][str(n)]["forward_s"].append(f)
+                entry["slices_s"][str(n)]["backward_s"].append(bw)
         activations.append(activation_bytes(model, backend, x, y))
         done += 1
         progress.update(done, batch=b)
@@ -120,6 +134,7 @@ def run_profile(job, args) -> dict:
     return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, "model": model_identity(model),
             "backend": backend.name, "device": backend.describe(), "dtype": str(model.space.dtype),
             "itemsize": int(model.space.dtype.itemsize), "reps": args.reps, "batch_sizes": batch_sizes,
+            "splits": list(splits),
             "layers": layers, "loss_s": loss_s, "activation_bytes": activations, "network": network,
             "overhead_s": overhead}
 
@@ -160,6 +175,65 @@ def time_step(model, backend, x, y) -> tuple[list[tuple[float, float]], float]:
     return list(zip(forward, backward, strict=True)), loss
 
 
+def slice_times(model, backend, layers: list[dict], x_host, y_host, reps: int, warmup: int) -> list[dict]:
+    """Per layer (`layers`: ``model_layers`` with ``slices_s`` on those with parameters): ``{s: (forward,
+    backward)}``, the median seconds of all s slices of the layer, run on its input and output gradient
+    of one step, each slice's weights in an array of their own as the fetch buffer holds them."""
+    from .nn.losses import softmax_cross_entropy
+
+    xp, clock, sync = backend.xp, time.perf_counter, backend.synchronize
+    h, inputs = backend.asarray(x_host), []
+    for layer in model.layers:
+        inputs.append(h)
+        h = layer.forward(h, True)
+    _, dy = softmax_cross_entropy(h, backend.asarray(y_host))
+    stop = next((i for i, layer in enumerate(model.layers) if layer.tensor_names), 0)
+    grads = [None] * len(model.layers)
+    for i in range(len(model.layers) - 1, stop - 1, -1):
+        grads[i] = dy
+        dy = model.layers[i].backward(dy, need_dx=i > stop)
+    out = []
+    for i, (layer, entry) in enumerate(zip(model.layers, layers, strict=True)):
+        times = {}
+        for n in map(int, entry.get("slices_s", {})):
+            units = _slice_units(model, layer, entry, n)
+            temp = xp.empty(inputs[i].shape[0] * entry["bias_elems"], dtype=model.space.dtype)
+            forward, backward = [], []
+            for rep in range(warmup + reps):
+                for (w, b, _), (w0, b0) in units:  # the weights again: backward wrote dW over them
+                    w[...], b[...] = w0, b0
+                sync()
+                t0 = clock()
+                for (w, b, a), _ in units:
+                    layer.forward_slice(inputs[i], w, b, a, temp)
+                sync()
+                t1 = clock()
+                for (w, b, a), _ in reversed(units):
+                    layer.backward_slice(grads[i], w, b, a, need_dx=i > stop)
+                sync()
+                if rep >= warmup:
+                    forward.append(t1 - t0)
+                    backward.append(clock() - t1)
+            times[n] = (statistics.median(forward), statistics.median(backward))
+        out.append(times)
+    return out
+
+
+def _slice_units(model, layer, entry: dict, n: int) -> list:
+    """The `n` slices of `layer`: ``((W rows, b part, first row), (their values))``, forward order; b
+    goes per row (Conv2D) or whole with the last slice (Dense)."""
+    W, b = (model.space.param(t) for t in layer.tensor_names)
+    q, r = divmod(entry["rows"], n)
+    units, row = [], 0
+    for k in range(n):
+        rows = q + 1 if k < r else q
+        w = W[row:row + rows].reshape(-1).copy()
+        part = b[row:row + rows] if entry["bias_per_row"] else b if k == n - 1 else b[:0]
+        units.append(((w, part.copy(), row), (w.copy(), part.copy())))
+        row += rows
+    return units
+
+
 def activation_bytes(model, backend, x_host, y_host) -> int:
     """Bytes a training step allocates above what existed before it: the minibatch, the activations
     kept for backward and the temporaries, at their peak."""
@@ -193,6 +267,19 @@ def parse_batch_sizes(text: str) -> list[int]:
     if not sizes or min(sizes) < 1:
         raise UsageError(f"--batch-sizes {text!r}: expected integers >= 1 separated by commas, e.g. 32,64,128")
     return sorted(set(sizes))
+
+
+def parse_splits(text: str) -> tuple[int, ...]:
+    """``--splits``: slice counts, each >= 2 (empty: none)."""
+    from .errors import UsageError
+
+    try:
+        splits = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        splits = (0,)
+    if any(s < 2 for s in splits):
+        raise UsageError(f"--splits {text!r}: slice counts must be integers >= 2, e.g. 2,4,8 (empty: no splits)")
+    return splits
 
 
 def network_options(args) -> dict:
@@ -246,6 +333,13 @@ def print_profile(doc: dict, out=None) -> None:
                          for f, bw in zip(layer["forward_s"], layer["backward_s"], strict=True))
         print(f"{layer['name']:<10} {layer['params']:>9} {cells}", file=out)
     print(f"{'loss':<10} {'':>9} " + " ".join(f"{t * 1e3:>9.3f}{'':11}" for t in doc["loss_s"]), file=out)
+    split = [(layer["name"], n, t) for layer in doc["layers"] for n, t in layer.get("slices_s", {}).items()]
+    if split:
+        print("in slices (fwd/bwd ms of all the layer's slices):", file=out)
+        for name, n, t in split:
+            cells = " ".join(f"{f * 1e3:>9.3f}/{bw * 1e3:<10.3f}"
+                             for f, bw in zip(t["forward_s"], t["backward_s"], strict=True))
+            print(f"{name:<10} {'s=' + n:>9} {cells}", file=out)
     found = zip(sizes, doc["activation_bytes"], strict=True)
     print("activations: " + ", ".join(f"b={b}: {format_size(a)}" for b, a in found), file=out)
     net = doc["network"]

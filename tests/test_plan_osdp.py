@@ -7,6 +7,7 @@ import itertools
 import json
 import math
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,9 +24,13 @@ AUTHORS = Path(__file__).resolve().parents[2] / "shared" / "data" / "osdp-author
 
 
 def random_block(rng: random.Random, i: int, batch: int) -> Block:
+    forward, backward = rng.random() * 1e-4 * batch, rng.random() * 2e-4 * batch
+    # some slice counts profiled, each slower than the whole layer by up to 3x (a Conv2D's col2im per slice)
+    split = tuple((s, forward * (1 + rng.random()), backward * (1 + 2 * rng.random()))
+                  for s in osdp.SPLITS if rng.random() < 0.7)
     return Block(f"l{i}", rng.choice([1, 2, 3, 5, 8, 13]), rng.randint(1, 40), rng.randint(1, 9),
-                 rng.random() < 0.5, rng.randint(0, 16), rng.randint(1, 30), rng.random() * 1e-4 * batch,
-                 rng.random() * 2e-4 * batch, rng.random() * 1e-5, rng.random() * 1e-5)
+                 rng.random() < 0.5, rng.randint(0, 16), rng.randint(1, 30), forward, backward,
+                 rng.random() * 1e-5, rng.random() * 1e-5, split)
 
 
 def random_models(seed: int) -> list[CostModel]:
@@ -95,6 +100,21 @@ def test_memory_by_hand():
     m = osdp.memory(cm, (2, 2, 2))
     assert m == osdp.Memory(0, (32 * 64 + 32 * 64 + 64) * 4, 16 * 64 * 4, dx, 10_000)
     assert cm.blocks[0].slice_elems(3) == (22 * 64, 21 * 64, 21 * 64 + 64)
+
+
+def test_a_split_layer_takes_its_profiled_time_in_slices():
+    cm = equal_mlp(64, overlap=False, latency=0.0, bandwidth=1e12)
+    middle = cm.blocks[1]
+    slower = replace(middle, split_s=((2, 3 * middle.forward_s, 5 * middle.backward_s),))
+    cm2 = replace(cm, blocks=(cm.blocks[0], slower, cm.blocks[2]))
+    assert slower.seconds(2) == (3 * middle.forward_s, 5 * middle.backward_s)
+    assert slower.seconds(4) == slower.seconds(ON_DEMAND) == slower.seconds(RESIDENT) == (middle.forward_s,
+                                                                                           middle.backward_s)
+    for choices in ((0, 2, 0), (1, 2, 4)):
+        extra = 2 * middle.forward_s + 4 * middle.backward_s
+        assert math.isclose(osdp.simulate(cm2, choices), osdp.simulate(cm, choices) + extra, rel_tol=1e-12)
+    for p in osdp.front(cm2):  # the search counts the slices' time as the chain does
+        assert math.isclose(p.iteration_s, osdp.simulate(cm2, p.choices), rel_tol=1e-12), p.choices
 
 
 def test_time_by_hand_without_overlap():

@@ -41,6 +41,10 @@ def test_profile_describes_the_jobs_model(profile_file):
     dense = [e for e in doc["layers"] if e["params"]]
     assert [e["rows"] for e in dense] == [64, 48, 48] and dense[0]["row_elems"] == 48
     assert all(t > 0 for e in dense for t in e["forward_s"] + e["backward_s"])
+    # each layer in 2, 4 and 8 slices (every layer has more rows than 8), timed per batch size
+    assert doc["splits"] == [2, 4, 8] and all(sorted(e["slices_s"]) == ["2", "4", "8"] for e in dense)
+    assert all(len(t["forward_s"]) == len(t["backward_s"]) == 2 and min(t["forward_s"] + t["backward_s"]) > 0
+               for e in dense for t in e["slices_s"].values())
     # a step at batch 16 holds more than at batch 8 (the minibatch and every activation double)
     assert 0 < doc["activation_bytes"][0] < doc["activation_bytes"][1]
     assert doc["network"] == {"latency_s": 2e-5, "bandwidth_bytes_per_s": 2e9, "source": "options", "overlap": False}
@@ -102,6 +106,8 @@ def test_plan_from_profile_is_what_the_job_reads(profile_file, tmp_path, capsys)
     (["--batch-sizes", "8,x"], ["--batch-sizes"]),
     (["--bench", "/no/such/mpi.json"], ["/no/such/mpi.json", "not found"]),
     (["--reps", "0"], ["--reps"]),
+    (["--splits", "1,2"], ["--splits", ">= 2"]),
+    (["--splits", "two"], ["--splits"]),
 ])
 def test_profile_errors(capsys, tmp_path, args, words):
     line = one_line_error(capsys, ["profile", *JOB, "-q", "--out", str(tmp_path / "p.json"), *args])
@@ -133,6 +139,15 @@ def test_plan_errors(capsys, tmp_path, profile_file):
     old.write_text(json.dumps({**json.loads(profile_file.read_text()), "version": 1}))
     line = one_line_error(capsys, ["plan", *JOB, "--profile", str(old), "--memory-limit", "1GB"])
     assert "version 1" in line and "write it again" in line
+    # slice counts the profile has no times for: profile them, not guess them
+    line = one_line_error(capsys, ["plan", *JOB, "--profile", str(profile_file), "--memory-limit", "1GB",
+                                   "--splits", "2,3"])
+    assert "no times for layers in 3 slices" in line and "--splits 2,3" in line
+    missing = json.loads(profile_file.read_text())
+    del missing["layers"][1]["slices_s"]["4"]
+    (tmp_path / "missing.json").write_text(json.dumps(missing))
+    line = one_line_error(capsys, ["plan", *JOB, "--profile", str(tmp_path / "missing.json"), "--memory-limit", "1GB"])
+    assert "needs slices_s" in line
 
 
 def test_job_naming_a_bad_plan(capsys, tmp_path):

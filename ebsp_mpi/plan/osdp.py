@@ -58,13 +58,14 @@ baseline before the model was built).
 
 Time of one iteration of one worker (L: one-way latency, β: bandwidth in bytes/s)
 --------------------------------------------------------------------------------
-The items, in order: the prefix's forward; per block in forward order its forward (one item if
-resident, else one per slice; its parameter-free layers join the last one, and the loss joins the
-last block's); per block in backward order its backward (resident: one item; else one per slice,
-last slice first, the parameter-free layers joining the first). Times come from the profile; a slice
-takes 1/s of its layer's time. The last block's last unit serves its forward and, after the loss, its
-backward: it is kept between the two, not fetched again (nothing runs between them to free it for).
-With ``overlap`` (transfers proceed while the device computes)::
+The items, in order: the prefix's forward; per block in forward order its forward (one item if resident,
+else one per slice; its parameter-free layers join the last one, and the loss joins the last block's);
+per block in backward order its backward (resident: one item; else one per slice, last slice first, the
+parameter-free layers joining the first). Times come from the profile; a slice takes 1/s of its layer's
+time in s slices, which the profile measures per slice count (a Conv2D's slices each add their part of
+the column gradient onto dx, so s slices cost more than the layer). The last block's last unit serves
+its forward and, after the loss, its backward: it is kept between the two, not fetched again (nothing
+runs between them to free it for). With ``overlap`` (transfers proceed while the device computes)::
 
     pull        = L + R/β                 resident weights R, pulled at the start as today
     fetch(u)    = 2L + bytes(u)/β          request + reply, issued when the item before starts
@@ -131,6 +132,9 @@ class Block:
         Seconds of the layer's forward and backward at this batch size.
     after_forward_s, after_backward_s : float
         Seconds of the parameter-free layers that follow it.
+    split_s : tuple of (s, forward, backward)
+        Seconds of the layer's forward and backward run in s slices (all s of them), per slice count
+        profiled; a count not listed takes the layer's own times.
     """
 
     name: str
@@ -144,10 +148,18 @@ class Block:
     backward_s: float
     after_forward_s: float = 0.0
     after_backward_s: float = 0.0
+    split_s: tuple[tuple[int, float, float], ...] = ()
 
     @property
     def params(self) -> int:
         return self.rows * self.row_elems + self.bias_elems
+
+    def seconds(self, s: int) -> tuple[float, float]:
+        """Forward and backward seconds of the layer under choice `s` (all its slices together)."""
+        for n, forward, backward in self.split_s:
+            if n == s and s >= 2:
+                return forward, backward
+        return self.forward_s, self.backward_s
 
     def slice_rows(self, s: int) -> tuple[int, ...]:
         """Rows of each of the `s` slices in forward order (``numpy.array_split``'s sizes)."""
@@ -301,9 +313,10 @@ def block_items(cm: CostModel, i: int, s: int) -> tuple[list[Item], list[Item]]:
         return ([Item(block.forward_s + after, 0, False)],
                 [Item(block.after_backward_s + block.backward_s, 0, True)])
     units, last = cm.unit_bytes(block, s), i == len(cm.blocks) - 1
-    forward = [Item(block.forward_s / s + (after if k == s - 1 else 0.0), n, False) for k, n in enumerate(units)]
+    f, b = block.seconds(s)
+    forward = [Item(f / s + (after if k == s - 1 else 0.0), n, False) for k, n in enumerate(units)]
     # the last block's last slice serves its forward and at once its backward: kept, not fetched again
-    backward = [Item(block.backward_s / s + (block.after_backward_s if k == s - 1 else 0.0), units[k], True,
+    backward = [Item(b / s + (block.after_backward_s if k == s - 1 else 0.0), units[k], True,
                      kept=last and k == s - 1) for k in reversed(range(s))]
     return forward, backward
 
@@ -391,10 +404,12 @@ class _Terms:
         return wait, buffer
 
     def own(self, i: int, s: int) -> float:
-        """Block i's transfers that do not depend on its neighbours: its pushes, its share of the pull."""
+        """Block i's terms that do not depend on its neighbours: its pushes, its share of the pull, and
+        what its slices compute beyond the layer's own time (the constant counts that)."""
         cm, block = self.cm, self.cm.blocks[i]
         if s != RESIDENT:
-            return sum(cm.push_s(n) for n in cm.unit_bytes(block, s))
+            extra = sum(block.seconds(s)) - block.forward_s - block.backward_s
+            return extra + sum(cm.push_s(n) for n in cm.unit_bytes(block, s))
         w = cm.weight_bytes(block)
         if not cm.overlap:
             return 2 * w / cm.bandwidth  # pulled and pushed in the open

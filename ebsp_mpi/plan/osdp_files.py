@@ -1,12 +1,14 @@
 """OSDP's files: the profile (``python -m ebsp_mpi profile``) and the plan (``python -m ebsp_mpi plan``).
 
 **Profile** (JSON, :data:`PROFILE_FORMAT`): the model it was taken on (kind, input shape, classes,
-parameters), the device, the batch sizes, per layer in forward order its static shape (for a layer
-with parameters: ``rows``, ``row_elems``, ``bias_elems``, ``bias_per_row``, ``split_temp_elems``,
-``input_grad_elems``, see :class:`~ebsp_mpi.plan.osdp.Block`) and its ``forward_s`` and ``backward_s`` per
-batch size (medians), the loss's ``loss_s``, the measured ``activation_bytes`` per batch size, the
-network (``latency_s``, ``bandwidth_bytes_per_s``, where they come from, and ``overlap``: whether
-transfers overlap compute) and ``overhead_s``. Its ``version`` is :data:`PROFILE_VERSION`.
+parameters), the device, the batch sizes, per layer in forward order its static shape (for a layer with
+parameters: ``rows``, ``row_elems``, ``bias_elems``, ``bias_per_row``, ``split_temp_elems``,
+``input_grad_elems``, see :class:`~ebsp_mpi.plan.osdp.Block`) and its ``forward_s`` and ``backward_s``
+per batch size (medians), for a layer with parameters ``slices_s``: per slice count of ``splits`` (up to
+its rows) the ``forward_s`` and ``backward_s`` of the layer run in that many slices, the loss's
+``loss_s``, the measured ``activation_bytes`` per batch size, the network (``latency_s``,
+``bandwidth_bytes_per_s``, where they come from, and ``overlap``: whether transfers overlap compute) and
+``overhead_s``. Its ``version`` is :data:`PROFILE_VERSION`.
 
 **Plan** (JSON, :data:`PLAN_FORMAT`), what a job names with ``osdp.plan``: the model and
 ``batch_size`` it was made for, and per layer with parameters, in forward order, ``name``,
@@ -22,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import UsageError
@@ -31,7 +34,7 @@ from .osdp import RESIDENT, Block, CostModel, Plan
 PROFILE_FORMAT = "ebsp-mpi osdp profile"
 PLAN_FORMAT = "ebsp-mpi osdp plan"
 VERSION = 1  # of plans
-PROFILE_VERSION = 2  # 2: layers have input_grad_elems
+PROFILE_VERSION = 3  # 2: layers have input_grad_elems; 3: splits, and slices_s per layer
 SHAPE_KEYS = ("rows", "row_elems", "bias_elems", "bias_per_row", "split_temp_elems", "input_grad_elems")
 
 
@@ -95,11 +98,17 @@ def read_profile(path: str | Path) -> dict:
     layers = doc.get("layers")
     if not (isinstance(layers, list) and any(layer.get("params") for layer in layers if isinstance(layer, dict))):
         raise OsdpFileError(f"{where}: layers must be a list with at least one layer with parameters")
+    splits = doc.get("splits")
+    if not (isinstance(splits, list) and all(isinstance(x, int) and x >= 2 for x in splits)):
+        raise OsdpFileError(f"{where}: splits must be a list of slice counts >= 2")
     for i, layer in enumerate(layers):
         if not (isinstance(layer, dict) and _times(layer.get("forward_s"), n) and _times(layer.get("backward_s"), n)):
             raise OsdpFileError(f"{where}: layers[{i}] needs forward_s and backward_s, {n} seconds each")
         if layer.get("params") and not all(isinstance(layer.get(k), (int, bool)) for k in SHAPE_KEYS):
             raise OsdpFileError(f"{where}: layers[{i}] ({layer.get('name')}) needs {', '.join(SHAPE_KEYS)}")
+        if layer.get("params") and not _slice_times(layer, splits, n):
+            raise OsdpFileError(f"{where}: layers[{i}] ({layer.get('name')}) needs slices_s: per slice count of "
+                                f"splits up to its rows, forward_s and backward_s, {n} seconds each")
     if not _times(doc.get("loss_s"), n) or not _times(doc.get("activation_bytes"), n):
         raise OsdpFileError(f"{where}: loss_s and activation_bytes need {n} values each")
     net = doc.get("network", {})
@@ -127,17 +136,26 @@ def _cost_model(profile: dict, k: int, batch: int, net: dict, overhead: float) -
     for layer in profile["layers"]:
         f, b = layer["forward_s"][k], layer["backward_s"][k]
         if layer.get("params"):
-            blocks.append(Block(layer["name"], *(layer[key] for key in SHAPE_KEYS), f, b))
+            split = tuple((int(x), t["forward_s"][k], t["backward_s"][k]) for x, t in layer["slices_s"].items())
+            blocks.append(Block(layer["name"], *(layer[key] for key in SHAPE_KEYS), f, b, split_s=split))
         elif blocks:  # a parameter-free layer joins the block before it
             last = blocks[-1]
-            blocks[-1] = Block(last.name, last.rows, last.row_elems, last.bias_elems, last.bias_per_row,
-                               last.split_temp_elems, last.input_grad_elems, last.forward_s, last.backward_s,
-                               last.after_forward_s + f, last.after_backward_s + b)
+            blocks[-1] = replace(last, after_forward_s=last.after_forward_s + f,
+                                 after_backward_s=last.after_backward_s + b)
         else:
             prefix += f
     return CostModel(batch, tuple(blocks), prefix, profile["loss_s"][k], int(profile["activation_bytes"][k]),
                      float(net["latency_s"]), float(net["bandwidth_bytes_per_s"]),
                      int(profile.get("itemsize", 4)), float(overhead), bool(net.get("overlap", True)))
+
+
+def check_profile_splits(profile: dict, splits: Sequence[int], where: str) -> None:
+    """Slice counts the profile has no times for are refused: a slice's time is measured, not guessed."""
+    missing = sorted(set(splits) - set(profile["splits"]))
+    if missing:
+        have = ",".join(map(str, profile["splits"])) or "none"
+        raise OsdpFileError(f"{where}: no times for layers in {','.join(map(str, missing))} slices (the profile has "
+                            f"{have}); profile again with --splits {','.join(map(str, splits))}")
 
 
 def check_profile_fits(profile: dict, layers: list[dict], where: str) -> None:
@@ -262,6 +280,15 @@ def _read_json(path, where: str, kind=dict):
     if not isinstance(doc, kind):
         raise OsdpFileError(f"{where}: expected a JSON {'object' if kind is dict else 'list'}")
     return doc
+
+
+def _slice_times(layer: dict, splits: list[int], n: int) -> bool:
+    """A layer's ``slices_s`` has times for each of `splits` up to its rows, and no others."""
+    times = layer.get("slices_s")
+    wanted = {str(x) for x in splits if x <= layer.get("rows", 0)}
+    return (isinstance(times, dict) and set(times) == wanted
+            and all(isinstance(t, dict) and _times(t.get("forward_s"), n) and _times(t.get("backward_s"), n)
+                    for t in times.values()))
 
 
 def _times(values, n: int) -> bool:
