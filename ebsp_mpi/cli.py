@@ -117,8 +117,8 @@ def _resumed_job(args, world_size: int):
 
 
 def _check_on_demand_layers(job, world_size: int) -> None:
-    """A plan that fetches layers on demand runs under mpiexec, from one server, with every gradient
-    through it (docs/osdp.md): anything else is one line here, before any rank builds a model."""
+    """A plan that fetches layers on demand runs under mpiexec, with every gradient through the servers
+    (docs/osdp.md): anything else is one line here, before any rank builds a model."""
     if not job.osdp.plan:
         return
     from .plan.osdp_files import read_plan
@@ -129,8 +129,6 @@ def _check_on_demand_layers(job, world_size: int) -> None:
     where = f"osdp.plan = {job.osdp.plan!r} fetches {', '.join(fetched)} on demand"
     if world_size == 1:
         raise UsageError(f"{where} from a parameter server: run it under mpiexec, with a server and workers")
-    if job.runtime.servers != 1:
-        raise UsageError(f"{where} from rank 0 alone: set runtime.servers = 1 (now {job.runtime.servers})")
     if job.comm.hybrid != "ps":
         raise UsageError(f"{where}, and its gradients go back through the server: set comm.hybrid = 'ps' "
                          f"(now {job.comm.hybrid!r})")

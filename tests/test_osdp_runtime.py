@@ -27,7 +27,8 @@ from ebsp_mpi.nn.params import ParamSpace, TensorSpec
 from ebsp_mpi.plan.osdp import Block, CostModel, memory
 from ebsp_mpi.plan.osdp_files import PLAN_FORMAT, SHAPE_KEYS, VERSION, OsdpFileError, model_layers
 from ebsp_mpi.plan.osdp_schedule import make_schedule, on_demand_tensors
-from ebsp_mpi.runtime.layout import _cut
+from ebsp_mpi.runtime.layout import Layout, _cut
+from ebsp_mpi.runtime.protocol import Chunk
 from cliutil import one_line_error
 from mpirun import max_abs_difference, oracle_run, train
 
@@ -258,6 +259,19 @@ def test_a_partial_param_space_holds_only_its_tensors_with_the_whole_models_valu
         part.state_dict()
 
 
+def test_a_unit_comes_in_one_piece_from_each_server_that_holds_part_of_it():
+    # a Conv2D slice of two runs: W rows [10, 20) and b [40, 42); server 1 holds [0, 15), server 2 the rest
+    chunks = [Chunk(0, 10, 9), Chunk(10, 15, 10), Chunk(15, 20, 11), Chunk(20, 40, 12), Chunk(40, 42, 13)]
+    layout = Layout(chunks=chunks, chunk_tensor=[""] * 5, chunk_bytes=80, sfb=[], sfb_bsp=False, hybrid_plan={},
+                    shards=[], owner=[1, 1, 2, 2, 2], unit_chunks=(((1, 0), (2, 5), (4, 10)),))
+    assert layout.unit_pieces(0) == [(1, 0, [1]), (2, 5, [2, 4])]
+    # two runs of a unit on one server with another's between could not go as one message
+    apart = Layout(chunks=chunks, chunk_tensor=[""] * 5, chunk_bytes=80, sfb=[], sfb_bsp=False, hybrid_plan={},
+                   shards=[], owner=[1, 1, 2, 2, 1], unit_chunks=(((1, 0), (2, 5), (4, 10)),))
+    with pytest.raises(ValueError, match="two runs of it apart"):
+        apart.unit_pieces(0)
+
+
 def test_messages_break_at_every_unit_edge():
     assert _cut([(0, 10), (10, 5)], [4, 10, 12]) == [(0, 4), (4, 6), (10, 2), (12, 3)]
     assert _cut([(0, 10)], []) == [(0, 10)]
@@ -314,6 +328,23 @@ def test_bsp_with_on_demand_layers_equals_the_oracle(choices, overlap, wire, ora
     assert all(m > 0 for m in measured["transfer_messages"])  # fetches and their pushes were counted
 
 
+@pytest.mark.timeout(400)
+def test_bsp_with_on_demand_layers_from_two_servers_equals_the_oracle(oracle, tmp_path):
+    """Units that span both shards come in one reply from each server; their gradients go to the owner
+    of each chunk."""
+    plan = digits_plan(tmp_path, (2, 1, 0), True)
+    p = train(5, tmp_path / "osdp", f"osdp.plan={plan}", "runtime.servers=2", "runtime.chunk_bytes=4096", *ORACLE,
+              timeout=240)
+    assert p.returncode == 0, p.stderr
+    assert max_abs_difference(tmp_path / "osdp", oracle) <= 1e-5
+    s = json.loads((tmp_path / "osdp" / "summary.json").read_text())
+    assert s["iterations"] == [30, 30, 30]
+    # both servers answered fetches. Per iteration 6 fetches (2 messages each from one server) and 3
+    # pushes (counted 1 each) make 15 messages; a fetch of a unit on both servers adds 2
+    assert min(s["bytes"][r]["total"]["fetch"]["sent"] for r in (0, 1)) > 0, s["bytes"]
+    assert all(m > 15 for m in s["osdp"]["measured"]["transfer_messages"]), s["osdp"]["measured"]
+
+
 CNN = ("model.kind=cnn", "model.channels=[4, 8]", "model.hidden=[32]")
 
 
@@ -344,7 +375,6 @@ def test_every_sync_model_trains_with_on_demand_layers(model, tmp_path):
 
 @pytest.mark.parametrize("overrides, says", [
     ([], "on demand from a parameter server: run it under mpiexec"),
-    (["runtime.servers=2"], "set runtime.servers = 1"),
     (["comm.hybrid=sfb"], "set comm.hybrid = 'ps'"),
 ])
 def test_what_on_demand_layers_cannot_run_with_is_one_line_before_training(overrides, says, tmp_path, capsys,

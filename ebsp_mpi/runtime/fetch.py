@@ -1,17 +1,21 @@
 """OSDP's on-demand fetches, both ends: a worker's :class:`Fetcher` (the transport of
-``nn.ondemand``) and rank 0's :class:`FetchServer`.
+``nn.ondemand``) and every server's :class:`FetchServer`.
 
 A worker holds an on-demand unit (a layer, or a slice of one) only while an item computes with it,
 in one preallocated fetch buffer (``plan.osdp_schedule``). Every message runs on a persistent request
-made once, on a fixed place of that buffer: the fetch of item i (a one-value request naming the unit,
-and the receive of its weights) and the push of its gradient (one send per chunk of the unit, to the
-chunk's owner, with the chunk's tag: the server takes them as part of the push, like any chunk). On
-a GPU without CUDA-aware MPI the requests run on a host mirror of the buffer, copied to and from
-the device around them.
+made once, on a fixed place of that buffer: the fetch of item i (to each server that holds part of
+the unit, a one-value request naming the unit, and the receive of its part of the weights) and the
+push of its gradient (one send per chunk of the unit, to the chunk's owner, with the chunk's tag: the
+server takes them as part of the push, like any chunk). With one server a fetch is two messages;
+with k, two per server the unit spans (``Layout.unit_pieces``). On a GPU without CUDA-aware MPI the
+requests run on a host mirror of the buffer, copied to and from the device around them.
 
-Rank 0 answers a fetch at once from its parameters as they are: under BSP those of the round (no
-round ends before this worker's push), otherwise the latest. The unit is first copied into a reply
-buffer of the worker's, since a push may be applied while the reply is sending.
+A server answers a fetch at once from its parameters as they are: under BSP those of the round (no
+round ends before this worker's push, and the worker fetches only after every server's pull reply,
+which each sends once it has applied the round before), otherwise its latest (with k servers, each
+shard's latest: a unit spanning two shards may hold one push more on one of them, as any asynchronous
+read may). Its part is first copied into a reply buffer of the worker's, since a push may be applied
+while the reply is sending.
 """
 
 from __future__ import annotations
@@ -32,6 +36,17 @@ FETCH = "fetch"
 def _unit_names(layout) -> list[str]:
     """The tensor each unit's bytes are counted under: that of its first chunk."""
     return [layout.chunk_tensor[chunks[0][0]] for chunks in layout.unit_chunks]
+
+
+def _merged(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Adjacent ``(start, stop)`` runs as one: one copy per run when answering a fetch."""
+    out: list[tuple[int, int]] = []
+    for a, b in runs:
+        if out and out[-1][1] == a:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
 
 
 class Fetcher(Transport):
@@ -70,9 +85,13 @@ class Fetcher(Transport):
             if item.fetched:
                 ask = np.array([float(item.unit)])
                 self._asked.append(ask)
-                # the receive is posted before the request goes: the reply always finds it
-                self.asks[i] = [ctx.fetch_comm.Recv_init([place, MPI.FLOAT], 0, FETCH_TAG),
-                                ctx.fetch_comm.Send_init([ask, MPI.DOUBLE], 0, FETCH_TAG)]
+                pieces = layout.unit_pieces(item.unit)
+                ends = [offset for _, offset, _ in pieces[1:]] + [unit.elems]
+                # the receives are posted before the requests go: a reply always finds its receive
+                self.asks[i] = [ctx.fetch_comm.Recv_init([place[offset:end], MPI.FLOAT], server, FETCH_TAG)
+                                for (server, offset, _), end in zip(pieces, ends, strict=True)]
+                self.asks[i] += [ctx.fetch_comm.Send_init([ask, MPI.DOUBLE], server, FETCH_TAG)
+                                 for server, _, _ in pieces]
             if item.kind == "backward":
                 self.pushes[i] = [ctx.comm.Send_init([place[off:off + layout.chunks[k].size], MPI.FLOAT],
                                                      layout.owner[k], layout.chunks[k].tag)
@@ -86,7 +105,7 @@ class Fetcher(Transport):
         MPI.Prequest.Startall(self.asks[i])
 
     def arrived(self, i: int) -> None:
-        self._wait(self.asks[i], 2)  # the request and the reply
+        self._wait(self.asks[i], len(self.asks[i]))  # the requests and the replies
         a, b = self._place(i)
         if self.staged:
             self.buffer[a:b] = self.backend.asarray(self.host[a:b])
@@ -111,8 +130,8 @@ class Fetcher(Transport):
 
 
 class FetchServer:
-    """Rank 0's answers to the workers' fetches: one request receive posted per worker, each answered
-    at once and posted again.
+    """A server's answers to the workers' fetches of the units it holds part of: one request receive
+    posted per worker, each answered at once and posted again.
 
     Parameters
     ----------
@@ -120,28 +139,34 @@ class FetchServer:
     layout : Layout
         With a schedule.
     params : numpy.ndarray
-        The whole flat parameter buffer.
+        The flat parameter buffer (of which this server's shard is current).
     bytes : ByteCounter
     """
 
     def __init__(self, ctx, layout, params: np.ndarray, bytes):
         n = ctx.workers
-        self.ctx, self.units, self.params, self.bytes = ctx, layout.schedule.units, params, bytes
+        self.ctx, self.params, self.bytes = ctx, params, bytes
         self.names = _unit_names(layout)
+        # per unit: the runs of the flat buffer this server sends for it, in unit order (none: not its)
+        self.runs = [_merged([(layout.chunks[k].start, layout.chunks[k].stop) for server, _, chunks
+                              in layout.unit_pieces(u) if server == ctx.rank for k in chunks])
+                     for u in range(len(layout.schedule.units))]
         self.asked = [np.zeros(1) for _ in range(n)]
         self.recvs = [ctx.fetch_comm.Recv_init([self.asked[w], MPI.DOUBLE], ctx.worker_rank(w), FETCH_TAG)
                       for w in range(n)]
-        largest = max(u.elems for u in self.units)
+        largest = max(sum(b - a for a, b in runs) for runs in self.runs)
         self.out = [np.empty(largest, dtype=params.dtype) for _ in range(n)]
         self.sends: list = [None] * n
         MPI.Prequest.Startall(self.recvs)
 
-    def take(self, last_heard: np.ndarray, now: float) -> bool:
-        """Answer the fetches that have arrived; True when some had."""
+    def take(self, last_heard: np.ndarray | None = None, now: float = 0.0) -> bool:
+        """Answer the fetches that have arrived; True when some had. Rank 0 passes the times it last
+        heard from each worker (its watchdog's), to set."""
         done = MPI.Request.Testsome(self.recvs)
         for w in done or ():
             self._answer(w)
-            last_heard[w] = now
+            if last_heard is not None:
+                last_heard[w] = now
             self.recvs[w].Start()
         # MPICH moves a large reply only while both ends poll: while one is in flight, poll again at once
         for w, r in enumerate(self.sends):
@@ -152,13 +177,14 @@ class FetchServer:
     def _answer(self, w: int) -> None:
         asked = self.asked[w][0]
         u = int(asked)
-        if u != asked or not 0 <= u < len(self.units):
-            raise ProtocolError(f"fetch from rank {self.ctx.worker_rank(w)}: no unit {asked!r} "
-                                f"(the schedule has {len(self.units)})")
+        if u != asked or not 0 <= u < len(self.runs) or not self.runs[u]:
+            raise ProtocolError(f"fetch from rank {self.ctx.worker_rank(w)}: no unit {asked!r} held here "
+                                f"(the schedule has {len(self.runs)}; rank {self.ctx.rank} holds part of "
+                                f"{sum(map(bool, self.runs))})")
         if self.sends[w] is not None:  # its previous reply: received before this request was sent
             self.sends[w].Wait()
         out, at = self.out[w], 0
-        for a, b in self.units[u].runs:
+        for a, b in self.runs[u]:
             out[at:at + b - a] = self.params[a:b]
             at += b - a
         self.sends[w] = self.ctx.fetch_comm.Isend([out[:at], MPI.FLOAT], self.ctx.worker_rank(w), FETCH_TAG)

@@ -49,7 +49,8 @@ class Layout:
         Per chunk: it belongs to an on-demand unit (no pull reply carries it; its gradient is pushed
         from the worker's fetch buffer).
     unit_chunks : list of list of (int, int)
-        Per unit of the schedule: its chunks, each with its element offset within the unit.
+        Per unit of the schedule: its chunks, each with its element offset within the unit, in unit
+        order (:meth:`unit_pieces` groups them by server).
     """
 
     chunks: list[Chunk]
@@ -67,6 +68,24 @@ class Layout:
     def server_of_layer(self, layer: SFBLayer) -> int:
         """The server that owns an SFB layer's weight tensor (all its chunks are on one server)."""
         return self.owner[self.chunk_tensor.index(layer.name)]
+
+    def unit_pieces(self, u: int) -> list[tuple[int, int, list[int]]]:
+        """Unit `u` by server: ``(server rank, element offset in the unit, its chunks)``, in unit order.
+
+        A shard is one run of the flat buffer, so what one server holds of a unit is one run of the
+        unit too (of a Conv2D slice, whose channels' W and b are two runs, a server can hold the end of
+        the first and the start of the second, which the unit holds back to back): one message each.
+        """
+        pieces: list[tuple[int, int, list[int]]] = []
+        for k, offset in self.unit_chunks[u]:
+            server = self.owner[k]
+            if pieces and pieces[-1][0] == server:
+                pieces[-1][2].append(k)
+            else:
+                if any(p[0] == server for p in pieces):  # the argument above, checked
+                    raise ValueError(f"unit {u}: server {server} holds two runs of it apart")
+                pieces.append((server, offset, [k]))
+        return pieces
 
     def describe(self) -> str:
         """The shard plan in one line, for the log: each server's elements and share of the bytes."""

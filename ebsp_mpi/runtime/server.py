@@ -58,7 +58,7 @@ class Server:
         self.store = ShardStore(ctx, job, self.params, self.layout, 0, self.policy.round_based)
         self.opt = self.store.opt
         self.peers = PeerServers(ctx, self.layout, job.runtime.stall_timeout_s)
-        # OSDP: the workers fetch their on-demand layers from rank 0 (one server: cli checks it)
+        # OSDP: the workers fetch their on-demand layers from the servers that hold them
         self.fetches = FetchServer(ctx, self.layout, self.params, self.store.bytes) if self.layout.schedule else None
         # evaluation, checkpoints and model.h5 read the whole model: with several servers, gathered
         self.whole = self.params if ctx.servers == 1 else np.empty_like(self.params)

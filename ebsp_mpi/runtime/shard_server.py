@@ -2,7 +2,8 @@
 
 It keeps a receive posted for every part of every worker's next push that comes to it (its chunks,
 the factors of its SFB layers, the header), and carries out rank 0's orders (``protocol.ORDERS``) in
-their order: apply a push, apply a round, answer a pull, send its shard to rank 0. An order that
+their order: apply a push, apply a round, answer a pull, send its shard to rank 0. It answers the
+workers' OSDP fetches of its part of their on-demand layers at once (``runtime.fetch``). An order that
 needs a push not yet complete here waits at the head of the queue until it is (the worker sent the
 chunks before the header that rank 0 acted on, so they are on their way).
 
@@ -23,6 +24,7 @@ from ..config import JobConfig
 from ..sync.registry import make_policy
 from .comm import HOUSEKEEPING_S, Context, KeepAlive, Silence, open_rank_trace, wait_all
 from .faults import fault_for
+from .fetch import FetchServer
 from .layout import make_layout
 from .protocol import ALIVE_TAG, ORDER_TAG, ORDER_WIDTH, ORDERS, SNAP_TAG, STATS_TAG, ProtocolError
 from .shard import ShardStore
@@ -44,6 +46,8 @@ class ShardServer:
         # rank 0 alone runs the policy; this server only needs to know whether it applies rounds
         round_based = make_policy(job.sync, ctx.workers, seed=job.seed).round_based
         self.store = ShardStore(ctx, job, self.params, self.layout, ctx.rank, round_based)
+        # OSDP: its part of the on-demand layers, fetched by the workers
+        self.fetches = FetchServer(ctx, self.layout, self.params, self.store.bytes) if self.layout.schedule else None
         if resume is not None:  # this shard of the checkpoint's parameters and optimizer state
             from ..checkpoint import read_checkpoint
 
@@ -83,6 +87,8 @@ class ShardServer:
                 scheduler.heard()
                 progressed = True
             progressed |= self._carry_out()
+            if self.fetches is not None:
+                progressed |= self.fetches.take()
             progressed |= self.store.complete_replies()
             now = ctx.now()
             if now >= next_housekeeping:
@@ -189,6 +195,8 @@ class ShardServer:
             self.fault.fire("the end")
         wait_all([req for reply in self.store.replies for req in reply.requests], self.ctx.backoff())
         wait_all([r for r, _ in self.sends], self.ctx.backoff())
+        if self.fetches is not None:  # rank 0 ends a run once every worker has stopped: no fetch is coming
+            self.fetches.close()
         self.alive.wait(self.ctx.backoff())
         self.alive_recv.Cancel()
         self.alive_recv.Wait()
