@@ -7,11 +7,12 @@ For each batch size (``--batch-sizes``, default the job's ``data.batch_size``) t
 layer's forward and backward and the loss are timed separately (``time.perf_counter``, the device
 synchronized before and after on CuPy) and the medians kept. Then each layer with parameters runs in s
 slices for every s of ``--splits`` up to its rows (``forward_slice`` and ``backward_slice``, as an
-on-demand worker runs them), on the inputs and output gradients of a step, and the medians of the s
-slices' total forward and backward are kept: the planner times a slice from these. One more step,
-untimed, measures the activation memory A(b): on NumPy the peak of ``tracemalloc`` above what was traced
-before the step (the minibatch, activations and temporaries; the parameters and gradients already
-existed), on CuPy the bytes the memory pool holds after the step, emptied before it.
+on-demand worker runs them), in turn with the whole layer, on the inputs and output gradients of a step;
+the medians give how many times its whole forward and backward all s slices take, and the layer's step
+times scaled by that are kept: the planner times a slice from these. One more step, untimed, measures
+the activation memory A(b): on NumPy the peak of ``tracemalloc`` above what was traced before the step
+(the minibatch, activations and temporaries; the parameters and gradients already existed), on CuPy the
+bytes the memory pool holds after the step, emptied before it.
 
 Whether transfers overlap compute is ``--overlap``: by default not on NumPy (shared-memory MPI copies
 on the cores that compute), and yes on CuPy. The network figures come from a ``bench mpi`` result
@@ -124,9 +125,9 @@ def run_profile(job, args) -> dict:
         loss_s.append(statistics.median(losses))
         for entry, per_count in zip(layers, slice_times(model, backend, layers, x, y, args.reps, args.warmup),
                                     strict=True):
-            for n, (f, bw) in per_count.items():
-                entry["slices_s"][str(n)]["forward_s"].append(f)
-                entry["slices_s"][str(n)]["backward_s"].append(bw)
+            for n, (f, bw) in per_count.items():  # the step's time of the layer, scaled
+                entry["slices_s"][str(n)]["forward_s"].append(f * entry["forward_s"][-1])
+                entry["slices_s"][str(n)]["backward_s"].append(bw * entry["backward_s"][-1])
         activations.append(activation_bytes(model, backend, x, y))
         done += 1
         progress.update(done, batch=b)
@@ -177,8 +178,11 @@ def time_step(model, backend, x, y) -> tuple[list[tuple[float, float]], float]:
 
 def slice_times(model, backend, layers: list[dict], x_host, y_host, reps: int, warmup: int) -> list[dict]:
     """Per layer (`layers`: ``model_layers`` with ``slices_s`` on those with parameters): ``{s: (forward,
-    backward)}``, the median seconds of all s slices of the layer, run on its input and output gradient
-    of one step, each slice's weights in an array of their own as the fetch buffer holds them."""
+    backward)}``, how many times its whole forward and backward all s slices of the layer take, each
+    slice's weights in an array of their own as the fetch buffer holds them. The slices and the whole
+    layer run in turn on the layer's input and output gradient of one step: run alone, a layer finds
+    its operands in cache, which a step does not, so only their ratio carries over to the step's times.
+    """
     from .nn.losses import softmax_cross_entropy
 
     xp, clock, sync = backend.xp, time.perf_counter, backend.synchronize
@@ -194,28 +198,40 @@ def slice_times(model, backend, layers: list[dict], x_host, y_host, reps: int, w
         dy = model.layers[i].backward(dy, need_dx=i > stop)
     out = []
     for i, (layer, entry) in enumerate(zip(model.layers, layers, strict=True)):
-        times = {}
-        for n in map(int, entry.get("slices_s", {})):
-            units = _slice_units(model, layer, entry, n)
-            temp = xp.empty(inputs[i].shape[0] * entry["bias_elems"], dtype=model.space.dtype)
-            forward, backward = [], []
-            for rep in range(warmup + reps):
-                for (w, b, _), (w0, b0) in units:  # the weights again: backward wrote dW over them
-                    w[...], b[...] = w0, b0
+        counts = [int(n) for n in entry.get("slices_s", {})]
+        if not counts:
+            out.append({})
+            continue
+        need_dx, x, g = i > stop, inputs[i], grads[i]
+        units = {n: _slice_units(model, layer, entry, n) for n in counts}
+        temp = xp.empty(x.shape[0] * entry["bias_elems"], dtype=model.space.dtype)
+        times = {n: ([], []) for n in [1, *counts]}
+        for rep in range(warmup + reps):
+            for n in [1, *counts]:
+                if n > 1:
+                    for (w, b, _), (w0, b0) in units[n]:  # the weights again: backward wrote dW over them
+                        w[...], b[...] = w0, b0
                 sync()
                 t0 = clock()
-                for (w, b, a), _ in units:
-                    layer.forward_slice(inputs[i], w, b, a, temp)
+                if n == 1:
+                    layer.forward(x, True)
+                else:
+                    for (w, b, a), _ in units[n]:
+                        layer.forward_slice(x, w, b, a, temp)
                 sync()
                 t1 = clock()
-                for (w, b, a), _ in reversed(units):
-                    layer.backward_slice(grads[i], w, b, a, need_dx=i > stop)
+                if n == 1:
+                    layer.backward(g, need_dx=need_dx)
+                else:
+                    for (w, b, a), _ in reversed(units[n]):
+                        layer.backward_slice(g, w, b, a, need_dx)
                 sync()
                 if rep >= warmup:
-                    forward.append(t1 - t0)
-                    backward.append(clock() - t1)
-            times[n] = (statistics.median(forward), statistics.median(backward))
-        out.append(times)
+                    times[n][0].append(t1 - t0)
+                    times[n][1].append(clock() - t1)
+        whole = [statistics.median(t) for t in times[1]]
+        out.append({n: tuple(statistics.median(t) / w if w > 0 else 1.0 for t, w in zip(times[n], whole, strict=True))
+                    for n in counts})
     return out
 
 
