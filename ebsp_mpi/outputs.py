@@ -64,6 +64,9 @@ def remove_if_unused(run_dir: Path) -> None:
     dataset file, say) leaves no empty directory behind for the next run to trip over."""
     with contextlib.suppress(OSError):
         if {p.name for p in run_dir.iterdir()} <= {LOCK_FILE}:
+            for f in [f for f in _held_locks if Path(f.name).parent == run_dir]:  # no run left to guard
+                _held_locks.remove(f)
+                f.close()
             (run_dir / LOCK_FILE).unlink(missing_ok=True)
             run_dir.rmdir()
 

@@ -172,3 +172,13 @@ def test_a_run_refused_in_its_set_up_leaves_no_empty_run_directory(ranks, tmp_pa
     p = local(out, *bad) if ranks == 1 else train(ranks, out, *bad, timeout=60)
     assert p.returncode == 2 and "missing.h5" in p.stderr, p.stderr
     assert not out.exists()
+
+
+def test_removing_an_unused_run_directory_lets_go_of_its_lock(tmp_path):
+    from ebsp_mpi import outputs
+
+    run = outputs.make_run_dir(str(tmp_path / "run"), "x")
+    held = [f for f in outputs._held_locks if f.name == str(run / outputs.LOCK_FILE)]
+    assert len(held) == 1 and not held[0].closed
+    outputs.remove_if_unused(run)
+    assert not run.exists() and held[0].closed and held[0] not in outputs._held_locks
