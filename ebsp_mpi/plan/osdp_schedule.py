@@ -142,16 +142,17 @@ def _units(j: int, layer, space, slice_rows: list[int]) -> list[Unit]:
             runs.append((b.offset + row, b.offset + row + n))
         elif k == s - 1:
             runs.append((b.offset, b.offset + b.size))
-        out.append(Unit(j, k, s, row, row + n, _merge(runs), n * per_row))
+        out.append(Unit(j, k, s, row, row + n, merge_runs(runs), n * per_row))
         row += n
     return out
 
 
-def _merge(runs: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
-    """Adjacent runs as one (a Dense's W end is its b's start: a whole layer is one run)."""
-    merged = [runs[0]]
-    for a, b in runs[1:]:
-        if a == merged[-1][1]:
+def merge_runs(runs: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Adjacent ``(start, stop)`` runs as one (a Dense's W end is its b's start: a whole layer is one
+    run; a server's chunks of a unit are one run or two)."""
+    merged: list[tuple[int, int]] = []
+    for a, b in runs:
+        if merged and a == merged[-1][1]:
             merged[-1] = (merged[-1][0], b)
         else:
             merged.append((a, b))

@@ -26,6 +26,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..nn.ondemand import Transport
+from ..plan.osdp_schedule import merge_runs
 from .hybrid import PS
 from .protocol import FETCH_TAG, ProtocolError
 
@@ -36,17 +37,6 @@ FETCH = "fetch"
 def _unit_names(layout) -> list[str]:
     """The tensor each unit's bytes are counted under: that of its first chunk."""
     return [layout.chunk_tensor[chunks[0][0]] for chunks in layout.unit_chunks]
-
-
-def _merged(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Adjacent ``(start, stop)`` runs as one: one copy per run when answering a fetch."""
-    out: list[tuple[int, int]] = []
-    for a, b in runs:
-        if out and out[-1][1] == a:
-            out[-1] = (out[-1][0], b)
-        else:
-            out.append((a, b))
-    return out
 
 
 class Fetcher(Transport):
@@ -148,7 +138,7 @@ class FetchServer:
         self.ctx, self.params, self.bytes = ctx, params, bytes
         self.names = _unit_names(layout)
         # per unit: the runs of the flat buffer this server sends for it, in unit order (none: not its)
-        self.runs = [_merged([(layout.chunks[k].start, layout.chunks[k].stop) for server, _, chunks
+        self.runs = [merge_runs([(layout.chunks[k].start, layout.chunks[k].stop) for server, _, chunks
                               in layout.unit_pieces(u) if server == ctx.rank for k in chunks])
                      for u in range(len(layout.schedule.units))]
         self.asked = [np.zeros(1) for _ in range(n)]
