@@ -150,10 +150,12 @@ class Conv2D(Layer):
             self._cols = cols
         return y
 
-    def backward(self, dy, need_dx=True, dx_first=False):
-        """Gradients of W and b, and ``dx`` when `need_dx`. With `dx_first` the column gradient (which
-        reads W) is computed before ``dW`` is written: ``dW`` may then share W's memory (OSDP's
-        on-demand layers write their gradient over the weights they fetched)."""
+    def backward(self, dy, need_dx=True, dx_first=True):
+        """Gradients of W and b, and ``dx`` when `need_dx`. The column gradient (which reads W) is
+        always computed before ``dW`` is written, so ``dW`` may share W's memory (OSDP's on-demand
+        layers write their gradient over the weights they fetched); it goes to a buffer kept between
+        steps, so the order costs no memory. `dx_first` is ``Dense.backward``'s choice, accepted and
+        always true here."""
         xp = self.xp
         cols, self._cols = self._cols, None
         n = dy.shape[0]
@@ -162,8 +164,7 @@ class Conv2D(Layer):
         dyg = self._scratch("dy", (o, n, ho, self.grid_w), zero=True)
         dyg[..., :wo] = dy.transpose(1, 0, 2, 3)
         dyg = dyg.reshape(o, -1)
-        dcols = None
-        if need_dx and dx_first:
+        if need_dx:
             dcols = self._scratch("dcols", cols.shape)
             xp.matmul(self.W2.T, dyg, out=dcols)
         xp.sum(dyg, axis=1, out=self.db)
@@ -174,9 +175,6 @@ class Conv2D(Layer):
         self.dW2[...] = dwt.T
         if not need_dx:
             return None
-        if dcols is None:
-            dcols = self._scratch("dcols", cols.shape)
-            xp.matmul(self.W2.T, dyg, out=dcols)
         buf = self._input_grad(n)
         self._col2im_add(dcols, buf)
         return self._unpad(buf)
