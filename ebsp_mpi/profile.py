@@ -178,10 +178,10 @@ def time_step(model, backend, x, y) -> tuple[list[tuple[float, float]], float]:
 
 def slice_times(model, backend, layers: list[dict], x_host, y_host, reps: int, warmup: int) -> list[dict]:
     """Per layer (`layers`: ``model_layers`` with ``slices_s`` on those with parameters): ``{s: (forward,
-    backward)}``, how many times its whole forward and backward all s slices of the layer take, each
-    slice's weights in an array of their own as the fetch buffer holds them. The slices and the whole
-    layer run in turn on the layer's input and output gradient of one step: run alone, a layer finds
-    its operands in cache, which a step does not, so only their ratio carries over to the step's times.
+    backward)}``, how many times its whole forward and backward all s slices of the layer take, each slice's
+    weights in an array of their own as the fetch buffer holds them. The slices and the whole layer (as one
+    slice) run in turn on the layer's input and output gradient of one step: run alone, a layer finds its
+    operands in cache, which a step does not, so only their ratio carries over to the step's times.
     """
     from .nn.losses import softmax_cross_entropy
 
@@ -203,28 +203,22 @@ def slice_times(model, backend, layers: list[dict], x_host, y_host, reps: int, w
             out.append({})
             continue
         need_dx, x, g = i > stop, inputs[i], grads[i]
-        units = {n: _slice_units(model, layer, entry, n) for n in counts}
+        # the whole layer is its one slice: the same code and copies as its slices, with no partial sums
+        units = {n: _slice_units(model, layer, entry, n) for n in [1, *counts]}
         temp = xp.empty(x.shape[0] * entry["bias_elems"], dtype=model.space.dtype)
-        times = {n: ([], []) for n in [1, *counts]}
+        times = {n: ([], []) for n in units}
         for rep in range(warmup + reps):
-            for n in [1, *counts]:
-                if n > 1:
-                    for (w, b, _), (w0, b0) in units[n]:  # the weights again: backward wrote dW over them
-                        w[...], b[...] = w0, b0
+            for n, slices in units.items():
+                for (w, b, _), (w0, b0) in slices:  # the weights again: backward wrote dW over them
+                    w[...], b[...] = w0, b0
                 sync()
                 t0 = clock()
-                if n == 1:
-                    layer.forward(x, True)
-                else:
-                    for (w, b, a), _ in units[n]:
-                        layer.forward_slice(x, w, b, a, temp)
+                for (w, b, a), _ in slices:
+                    layer.forward_slice(x, w, b, a, temp)
                 sync()
                 t1 = clock()
-                if n == 1:
-                    layer.backward(g, need_dx=need_dx)
-                else:
-                    for (w, b, a), _ in reversed(units[n]):
-                        layer.backward_slice(g, w, b, a, need_dx)
+                for (w, b, a), _ in reversed(slices):
+                    layer.backward_slice(g, w, b, a, need_dx)
                 sync()
                 if rep >= warmup:
                     times[n][0].append(t1 - t0)
