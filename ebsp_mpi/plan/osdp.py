@@ -157,7 +157,7 @@ class Block:
     def seconds(self, s: int) -> tuple[float, float]:
         """Forward and backward seconds of the layer under choice `s` (all its slices together)."""
         for n, forward, backward in self.split_s:
-            if n == s and s >= 2:
+            if n == s:
                 return forward, backward
         return self.forward_s, self.backward_s
 

@@ -23,11 +23,12 @@ A worker's iteration, as messages (DESIGN.md, "Parameters on the wire"):
   server tells it every quarter of ``runtime.stall_timeout_s`` that it still lives, so that a worker's
   own watchdog (no word from the server within the stall timeout) tells a long hold from a dead or
   stopped server. A worker keeps one receive of it posted from start-up to its stop reply.
-- **fetch** (worker <-> rank 0, on the fetch communicator, ``FETCH_TAG``): with an OSDP plan
+- **fetch** (worker <-> server, on the fetch communicator, ``FETCH_TAG``): with an OSDP plan
   (``osdp.plan``) a worker holds its on-demand layers' weights only while it computes with them. It
   asks for one unit (a layer, or a slice of one) with a one-value request (the unit's index in the
-  schedule, ``plan.osdp_schedule``), and the server answers with the unit's weights as they are now:
-  under BSP the round's, under the other models the latest. The unit's gradient goes back as
+  schedule, ``plan.osdp_schedule``) to each server that holds part of it, and each answers with its
+  part of the unit's weights as they are now: under BSP the round's, under the other models the
+  latest. The unit's gradient goes back as
   ordinary push chunks (the messages break at the unit's edges), and no pull reply carries the unit.
 - **statistics** (``STATS_TAG``, to rank 0), once per rank: from a worker after the reply that told
   it to stop, and from each of servers 1..k-1 after rank 0's ``end`` order; a small dict for the
@@ -54,7 +55,7 @@ STATS_TAG = 4
 ALIVE_TAG = 5  # the server to a worker whose pull it holds: it still lives (no payload to read)
 ORDER_TAG = 6  # rank 0 to the other servers: the orders of the sync policy (runtime.servers > 1)
 SNAP_TAG = 7  # a server to rank 0: its shard of the parameters (and optimizer state), as ordered
-FETCH_TAG = 8  # a worker's request for an on-demand unit, and rank 0's reply (on Context.fetch_comm)
+FETCH_TAG = 8  # a worker's request for an on-demand unit, and a server's reply (on Context.fetch_comm)
 CHUNK_TAG0 = 100
 
 #: push header: iteration (0-based index of this worker's iteration), the model version the gradient was

@@ -230,7 +230,6 @@ class DSSP(SSP):
         self._planned[worker] = extra > 0
         return extra > 0
 
-
     def _plan(self, worker: int, t: float, lead: int) -> int:
         """The synchronization controller: extra iterations for ``worker``, past the lower bound at ``t``."""
         self.controller_calls += 1
