@@ -12,13 +12,15 @@ the medians give how many times its whole forward and backward all s slices take
 times scaled by that are kept: the planner times a slice from these. One more step, untimed, measures
 the activation memory A(b): on NumPy the peak of ``tracemalloc`` above what was traced before the step
 (the minibatch, activations and temporaries; the parameters and gradients already existed), on CuPy the
-bytes the memory pool holds after the step, emptied before it.
+bytes the memory pool holds after the step, emptied before it. Last, the servers' update: the job's
+optimizer step over its share of the parameters (all of them over ``runtime.servers``), on the host as
+a server runs it, median of ``--reps`` (``update_s``).
 
-Whether transfers overlap compute is ``--overlap``: by default not on NumPy (shared-memory MPI copies
-on the cores that compute), and yes on CuPy. The network figures come from a ``bench mpi`` result
-(``--bench FILE``, written by ``mpiexec -n 2 python -m ebsp_mpi bench mpi --json FILE`` on the same
-machine), or ``--latency`` and ``--bandwidth``; without either, nominal figures are used and the file
-says so. The profile is JSON (:mod:`ebsp_mpi.plan.osdp_files`).
+Whether a fetch overlaps compute is ``--overlap``: by default not on NumPy (on one node MPI's receiving
+rank copies a large message: the worker's own core), and yes on CuPy. The network figures come from a
+``bench mpi`` result (``--bench FILE``, written by ``mpiexec -n 2 python -m ebsp_mpi bench mpi --json
+FILE`` on the same machine), or ``--latency`` and ``--bandwidth``; without either, nominal figures are
+used and the file says so. The profile is JSON (:mod:`ebsp_mpi.plan.osdp_files`).
 """
 
 from __future__ import annotations
@@ -60,8 +62,8 @@ def add_profile_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--latency", metavar="SECONDS", help="one-way latency worker <-> server, e.g. 5e-6")
     p.add_argument("--bandwidth", metavar="SIZE/s", help="bandwidth worker <-> server, e.g. 5GB/s or 4GiB/s")
     p.add_argument("--overlap", choices=("yes", "no"),
-                   help="whether transfers overlap compute (default: no on NumPy, whose shared-memory MPI copies "
-                        "run on the computing cores; yes on CuPy)")
+                   help="whether a fetch overlaps compute (default: no on NumPy, where the worker's own core "
+                        "copies what it receives; yes on CuPy)")
     p.add_argument("--overhead", metavar="SECONDS",
                    help="seconds added to every predicted iteration (what the model does not see: the server, "
                         "the barrier); default 0, or the profile's")
@@ -132,12 +134,13 @@ def run_profile(job, args) -> dict:
         done += 1
         progress.update(done, batch=b)
     progress.close(done)
+    update = update_time(job, model.space.size, args.reps, args.warmup)
     return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, "model": model_identity(model),
             "backend": backend.name, "device": backend.describe(), "dtype": str(model.space.dtype),
             "itemsize": int(model.space.dtype.itemsize), "reps": args.reps, "batch_sizes": batch_sizes,
             "splits": list(splits),
-            "layers": layers, "loss_s": loss_s, "activation_bytes": activations, "network": network,
-            "overhead_s": overhead}
+            "layers": layers, "loss_s": loss_s, "activation_bytes": activations, "update_s": update,
+            "network": network, "overhead_s": overhead}
 
 
 def _inputs(model, num_classes: int, b: int):
@@ -174,6 +177,22 @@ def time_step(model, backend, x, y) -> tuple[list[tuple[float, float]], float]:
         sync()
         backward[i] = clock() - t
     return list(zip(forward, backward, strict=True)), loss
+
+
+def update_time(job, params: int, reps: int, warmup: int) -> float:
+    """Seconds of one server's optimizer step over its shard (``runtime.servers`` share the
+    parameters), on NumPy as the servers run it, on a gradient of small random values."""
+    import numpy as np
+
+    from . import build
+    from .bench.report import median_seconds
+
+    n = -(-params // job.runtime.servers)
+    rng = np.random.default_rng(0)
+    weights = rng.standard_normal(n, dtype=np.float32)
+    grad = rng.standard_normal(n, dtype=np.float32) * np.float32(1e-3)
+    opt = build.optimizer(job, n)
+    return median_seconds(lambda: opt.step(weights, grad, job.optim.lr), reps, warmup)
 
 
 def slice_times(model, backend, layers: list[dict], x_host, y_host, reps: int, warmup: int) -> list[dict]:
@@ -352,6 +371,7 @@ def print_profile(doc: dict, out=None) -> None:
             print(f"{name:<10} {'s=' + n:>9} {cells}", file=out)
     found = zip(sizes, doc["activation_bytes"], strict=True)
     print("activations: " + ", ".join(f"b={b}: {format_size(a)}" for b, a in found), file=out)
+    print(f"servers' update: {doc['update_s'] * 1e3:.3f} ms per optimizer step", file=out)
     net = doc["network"]
     print(f"network: latency {net['latency_s'] * 1e6:.2f} us, bandwidth {net['bandwidth_bytes_per_s'] / 1e9:.3f} GB/s "
-          f"({net['source']}); transfers {'overlap' if net.get('overlap') else 'do not overlap'} compute", file=out)
+          f"({net['source']}); fetches {'overlap' if net.get('overlap') else 'do not overlap'} compute", file=out)

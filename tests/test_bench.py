@@ -149,14 +149,16 @@ def test_nn_writes_one_record_per_layer_case(monkeypatch):
 
 @pytest.mark.slow
 def test_mpi_measures_bandwidth_and_latency_for_every_size(tmp_path):
-    records, out = run_bench(tmp_path, "mpi", "--sizes", "4K,64K", "--reps", "3", "--warmup", "1", ranks=3)
+    records, out = run_bench(tmp_path, "mpi", "--sizes", "4K,256K", "--reps", "3", "--warmup", "1", ranks=3)
     check_records(records, "mpi")
-    assert [r["case"] for r in records] == ["bandwidth 4 KiB", "latency 4 KiB", "bandwidth 64 KiB",
-                                            "latency 64 KiB"]
-    assert [r["unit"] for r in records] == ["B/s", "s", "B/s", "s"]
-    for bandwidth, latency, size in zip(records[::2], records[1::2], (4096, 65536)):
+    # from 256 KiB each size is also sent cold, from buffers beyond the caches
+    assert [r["case"] for r in records] == ["bandwidth 4 KiB", "latency 4 KiB", "bandwidth 256 KiB",
+                                            "latency 256 KiB", "cold bandwidth 256 KiB"]
+    assert [r["unit"] for r in records] == ["B/s", "s", "B/s", "s", "B/s"]
+    for bandwidth, latency, size in zip(records[:4:2], records[1:4:2], (4096, 256 << 10)):
         assert bandwidth["figure"] == pytest.approx(size / latency["figure"])
-    assert "raw MPI ping-pong" in out
+    assert records[4]["reference_figure"] == records[2]["figure"]  # against the same size from cache
+    assert "raw MPI ping-pong" in out and "cold" in out
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import pytest
 from ebsp_mpi import build
 from ebsp_mpi.cli import main
 from ebsp_mpi.config import load_job
-from ebsp_mpi.plan.osdp_files import OsdpFileError, model_layers, read_plan, read_profile
+from ebsp_mpi.plan.osdp_files import OsdpFileError, model_layers, network_from_bench, read_plan, read_profile
 from cliutil import one_line_error
 
 JOB = ["--set", "data.name=synthetic", "--set", "data.synthetic_samples=200", "--set", "model.hidden=[48,48]",
@@ -66,9 +66,17 @@ def test_network_from_bench_mpi(tmp_path):
     out = tmp_path / "p.json"
     assert main(["profile", *JOB, *QUICK, "--bench", str(bench_records(tmp_path)), "--out", str(out)]) == 0
     net = read_profile(out)["network"]
-    # latency: the smallest message's one-way time; bandwidth: the largest message's
+    # latency: the smallest message's one-way time; bandwidth: the largest message's (no cold records)
     assert net["latency_s"] == 3e-6 and net["bandwidth_bytes_per_s"] == (64 << 20) / 1e-2
     assert net["source"].startswith("bench mpi")
+    # with cold records (bench mpi writes them from 256 KiB): their median bandwidth
+    path = bench_records(tmp_path)
+    records = json.loads(path.read_text())
+    records += [{"kind": "mpi", "case": f"cold bandwidth {label}", "figure": figure, "unit": "B/s",
+                 "reference": "from cache", "reference_figure": 1.0, "ratio": figure}
+                for label, figure in (("1 MiB", 4e9), ("4 MiB", 5e9), ("64 MiB", 7e9))]
+    path.write_text(json.dumps(records))
+    assert network_from_bench(path) == (3e-6, 5e9)
 
 
 def test_plan_from_profile_is_what_the_job_reads(profile_file, tmp_path, capsys):

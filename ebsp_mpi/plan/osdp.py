@@ -65,20 +65,29 @@ parameter-free layers joining the first). Times come from the profile; a slice t
 time in s slices, which the profile measures per slice count (a Conv2D's slices each add their part of
 the column gradient onto dx, so s slices cost more than the layer). The last block's last unit serves
 its forward and, after the loss, its backward: it is kept between the two, not fetched again (nothing
-runs between them to free it for). With ``overlap`` (transfers proceed while the device computes)::
+runs between them to free it for).
 
-    pull        = L + R/β                 resident weights R, pulled at the start as today
+On one node MPI's large messages are copied by the rank that receives them (the sender may compute
+meanwhile), and the server has a core of its own: so the gradients a worker pushes of its resident
+layers, one after another as its backward writes them (Poseidon's WFBP), cost it nothing but the last,
+while the weights it fetches are copied by its own core. With ``overlap`` (a GPU computes while the
+host receives) a fetch proceeds while the item before computes::
+
+    round       = max(update, L + R/β)    the servers' optimizer step over every parameter (each its
+                                          shard), between the last push and the pull reply; each
+                                          chunk of the resident weights R goes out as soon as it is
+                                          updated, so the worker copies chunk k while the server
+                                          updates chunk k + 1, and the slower of the two sets the end
     fetch(u)    = 2L + bytes(u)/β          request + reply, issued when the item before starts
     push(u)     = L + bytes(u)/β           an on-demand unit's gradient, waited for at its end
-    iteration   = pull + Σ_k compute_k + Σ_on-demand k max(0, fetch(u_k) − ran_(k−1))
+    iteration   = round + Σ_k compute_k + Σ_on-demand k max(0, fetch(u_k) − ran_(k−1))
                 + Σ_on-demand backward items push(u_k)      (ran_k = compute_k + its push, if any)
-                + L + (w_0/β if block 0 is resident)      the last resident push (earlier ones
-                                                          overlap the backward, Poseidon's WFBP)
+                + L + (w_0/β if block 0 is resident)      the last resident push
                 + overhead                                a constant per iteration from the profile
 
-Without overlap (NumPy over shared-memory MPI: the copies run on the cores that compute), every
-transfer is waited for: ``max(0, fetch − compute)`` becomes ``fetch``, and all resident gradients
-are pushed in the open: ``L + R/β`` instead of the last push.
+Without overlap (NumPy: the worker's own core receives what it fetches) every fetch is waited for:
+``max(0, fetch − ran)`` becomes ``fetch``. ``update`` is profiled (:mod:`ebsp_mpi.profile`); the mean
+of the round's gradients under BSP adds a pass per further worker, which the overhead counts.
 
 Both the peak's buffer term and the waits are sums or maxima of terms over **adjacent items**, and
 adjacent items belong to the same block or to adjacent blocks: this is what makes an exact dynamic
@@ -197,8 +206,10 @@ class CostModel:
     overhead_s : float
         Seconds added to every iteration (what the chain does not see: the server, the barrier).
     overlap : bool
-        Transfers proceed while the device computes (a GPU, a NIC's DMA). False where every transfer
-        takes the compute's own time (NumPy over shared-memory MPI: the cores that compute copy).
+        A fetch proceeds while the device computes (a GPU, while the host receives). False where the
+        worker's compute waits for it (NumPy over shared-memory MPI: the receiving core copies).
+    update_s : float
+        Seconds of the servers' optimizer step over every parameter (each server its shard).
     """
 
     batch: int
@@ -211,6 +222,7 @@ class CostModel:
     itemsize: int = 4
     overhead_s: float = 0.0
     overlap: bool = True
+    update_s: float = 0.0
 
     def weight_bytes(self, block: Block) -> int:
         return block.params * self.itemsize
@@ -229,6 +241,15 @@ class CostModel:
 
     def push_s(self, nbytes: int) -> float:
         return self.latency_s + nbytes / self.bandwidth
+
+    def round_s(self, resident: int) -> float:
+        """From the last push to the pull reply: the update, and the pull of the `resident` bytes
+        chunk by chunk behind it."""
+        return max(self.update_s, self.push_s(resident))
+
+    def last_push_s(self, choices: Sequence[int]) -> float:
+        """The last resident push, block 0's (its header alone when block 0 is on demand)."""
+        return self.push_s(self.weight_bytes(self.blocks[0]) if choices[0] == RESIDENT else 0)
 
 
 @dataclass(frozen=True)
@@ -349,8 +370,7 @@ def memory(cm: CostModel, choices: Sequence[int]) -> Memory:
 def simulate(cm: CostModel, choices: Sequence[int]) -> float:
     """Seconds of one iteration: the chain run item by item, each fetch issued when the item before
     starts (or, without overlap, when it ends) and each on-demand gradient's push waited for."""
-    resident = _resident_bytes(cm, choices)
-    t = cm.push_s(resident)  # the pull
+    t = cm.round_s(_resident_bytes(cm, choices))  # the round before, its pull reply
     before = t  # start of the item before
     for item in items(cm, choices):
         start = t
@@ -358,10 +378,7 @@ def simulate(cm: CostModel, choices: Sequence[int]) -> float:
             issued = before if cm.overlap else t
             start = max(t, issued + cm.fetch_s(item.unit))
         before, t = start, start + item.seconds + (cm.push_s(item.unit) if item.unit and item.backward else 0.0)
-    if cm.overlap:  # the resident pushes overlap the backward but the last one (block 0's, if resident)
-        s0 = choices[0]
-        return t + cm.push_s(cm.weight_bytes(cm.blocks[0]) if s0 == RESIDENT else 0) + cm.overhead_s
-    return t + cm.push_s(resident) + cm.overhead_s
+    return t + cm.last_push_s(choices) + cm.overhead_s  # the resident pushes overlap all but the last
 
 
 def evaluate(cm: CostModel, choices: Sequence[int]) -> Plan:
@@ -404,16 +421,14 @@ class _Terms:
         return wait, buffer
 
     def own(self, i: int, s: int) -> float:
-        """Block i's terms that do not depend on its neighbours: its pushes, its share of the pull, and
-        what its slices compute beyond the layer's own time (the constant counts that)."""
+        """Block i's terms that do not depend on its neighbours: its pushes (a resident one only if it
+        is the last, block 0's), and what its slices compute beyond the layer's own time (the constant
+        counts that). Its share of the pull is in :meth:`CostModel.round_s`, of the resident bytes."""
         cm, block = self.cm, self.cm.blocks[i]
         if s != RESIDENT:
             extra = sum(block.seconds(s)) - block.forward_s - block.backward_s
             return extra + sum(cm.push_s(n) for n in cm.unit_bytes(block, s))
-        w = cm.weight_bytes(block)
-        if not cm.overlap:
-            return 2 * w / cm.bandwidth  # pulled and pushed in the open
-        return w / cm.bandwidth * (2 if i == 0 else 1)  # block 0's push is the last one
+        return cm.weight_bytes(block) / cm.bandwidth if i == 0 else 0.0
 
     def step(self, i: int, a: int | None, s: int) -> tuple[float, int]:
         """Block i with choice s after block i − 1 with choice a (None: i = 0): the waits and buffer
@@ -436,11 +451,11 @@ class _Terms:
         return self.links(forward[-1:] + backward[:1])
 
     def constant(self) -> float:
-        """Compute of every item, the latencies of the pull and the last push, and the overhead."""
+        """Compute of every item, the latency of the last push, and the overhead."""
         cm = self.cm
         compute = cm.prefix_s + cm.loss_s + sum(b.forward_s + b.after_forward_s + b.after_backward_s + b.backward_s
                                                 for b in cm.blocks)
-        return compute + 2 * cm.latency_s + cm.overhead_s
+        return compute + cm.latency_s + cm.overhead_s
 
 
 @dataclass(frozen=True)
@@ -494,7 +509,10 @@ def front(cm: CostModel, splits: Sequence[int] = SPLITS, limit: int | None = Non
         for lab in labels:
             m = Memory(lab.resident, max(lab.buffer, buffer), lab.temp, lab.dx, fixed)
             if limit is None or m.total <= limit:
-                plans.append(Plan(cm.batch, lab.choices, m, constant + lab.time + wait))
+                # the round grows with the resident bytes: the front keeps no label with more of them
+                # and more time, so adding it here loses no plan
+                rounds = cm.round_s(lab.resident // 2)
+                plans.append(Plan(cm.batch, lab.choices, m, constant + lab.time + wait + rounds))
     plans.sort(key=lambda p: (p.peak_bytes, p.iteration_s))
     out: list[Plan] = []
     for p in plans:  # least memory first: keep each plan faster than every smaller one

@@ -6,8 +6,9 @@ parameters: ``rows``, ``row_elems``, ``bias_elems``, ``bias_per_row``, ``split_t
 ``input_grad_elems``, see :class:`~ebsp_mpi.plan.osdp.Block`) and its ``forward_s`` and ``backward_s``
 per batch size (medians), for a layer with parameters ``slices_s``: per slice count of ``splits`` (up to
 its rows) the ``forward_s`` and ``backward_s`` of the layer run in that many slices, the loss's
-``loss_s``, the measured ``activation_bytes`` per batch size, the network (``latency_s``,
-``bandwidth_bytes_per_s``, where they come from, and ``overlap``: whether transfers overlap compute) and
+``loss_s``, the measured ``activation_bytes`` per batch size, the servers' ``update_s`` (their
+optimizer step over the parameters), the network (``latency_s``,
+``bandwidth_bytes_per_s``, where they come from, and ``overlap``: whether a fetch overlaps compute) and
 ``overhead_s``. Its ``version`` is :data:`PROFILE_VERSION`.
 
 **Plan** (JSON, :data:`PLAN_FORMAT`), what a job names with ``osdp.plan``: the model and
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -34,7 +36,7 @@ from .osdp import RESIDENT, Block, CostModel, Plan
 PROFILE_FORMAT = "ebsp-mpi osdp profile"
 PLAN_FORMAT = "ebsp-mpi osdp plan"
 VERSION = 1  # of plans
-PROFILE_VERSION = 3  # 2: layers have input_grad_elems; 3: splits, and slices_s per layer
+PROFILE_VERSION = 4  # 2: layers have input_grad_elems; 3: splits, and slices_s per layer; 4: update_s
 SHAPE_KEYS = ("rows", "row_elems", "bias_elems", "bias_per_row", "split_temp_elems", "input_grad_elems")
 
 
@@ -111,6 +113,8 @@ def read_profile(path: str | Path) -> dict:
                                 f"splits up to its rows, forward_s and backward_s, {n} seconds each")
     if not _times(doc.get("loss_s"), n) or not _times(doc.get("activation_bytes"), n):
         raise OsdpFileError(f"{where}: loss_s and activation_bytes need {n} values each")
+    if not _positive(doc.get("update_s"), zero=True):
+        raise OsdpFileError(f"{where}: update_s must be the seconds of the servers' update, >= 0")
     net = doc.get("network", {})
     if not (_positive(net.get("latency_s"), zero=True) and _positive(net.get("bandwidth_bytes_per_s"))):
         raise OsdpFileError(f"{where}: network needs latency_s >= 0 and bandwidth_bytes_per_s > 0")
@@ -146,7 +150,8 @@ def _cost_model(profile: dict, k: int, batch: int, net: dict, overhead: float) -
             prefix += f
     return CostModel(batch, tuple(blocks), prefix, profile["loss_s"][k], int(profile["activation_bytes"][k]),
                      float(net["latency_s"]), float(net["bandwidth_bytes_per_s"]),
-                     int(profile.get("itemsize", 4)), float(overhead), bool(net.get("overlap", True)))
+                     int(profile.get("itemsize", 4)), float(overhead), bool(net.get("overlap", True)),
+                     float(profile["update_s"]))
 
 
 def check_profile_splits(profile: dict, splits: Sequence[int], where: str) -> None:
@@ -169,22 +174,24 @@ def check_profile_fits(profile: dict, layers: list[dict], where: str) -> None:
 
 def network_from_bench(path: str | Path) -> tuple[float, float]:
     """``(latency_s, bandwidth)`` from ``bench mpi --json FILE``: the one-way time of the smallest
-    message and the bandwidth of the largest."""
+    message, and the median bandwidth of the cold messages (each from memory no cache holds, as a
+    fetched unit is; ``bench.mpi``), or of a file without them, the bandwidth of the largest message."""
     records = _read_json(path, f"--bench {path}", kind=list)
-    lat = {r["figure"]: r for r in records if isinstance(r, dict) and r.get("kind") == "mpi"
-           and str(r.get("case", "")).startswith("latency ")}
-    bw = [r for r in records if isinstance(r, dict) and r.get("kind") == "mpi"
-          and str(r.get("case", "")).startswith("bandwidth ")]
+    mpi = [r for r in records if isinstance(r, dict) and r.get("kind") == "mpi"]
+    lat = [r for r in mpi if str(r.get("case", "")).startswith("latency ")]
+    bw = [r for r in mpi if str(r.get("case", "")).startswith("bandwidth ")]
+    cold = [r["figure"] for r in mpi if str(r.get("case", "")).startswith("cold bandwidth ")]
     if not lat or not bw:
         raise OsdpFileError(f"--bench {path}: no latency and bandwidth records of bench mpi; write them with "
                             f"mpiexec -n 2 python -m ebsp_mpi bench mpi --json FILE")
-    sizes = [_case_bytes(r["case"]) for r in bw]
-    smallest = min((_case_bytes(r["case"]), r["figure"]) for r in lat.values())
-    return float(smallest[1]), float(bw[sizes.index(max(sizes))]["figure"])
+    smallest = min(lat, key=lambda r: _case_bytes(r["case"]))["figure"]
+    if cold:
+        return float(smallest), float(statistics.median(cold))
+    return float(smallest), float(max(bw, key=lambda r: _case_bytes(r["case"]))["figure"])
 
 
 def _case_bytes(case: str) -> int:
-    number, _, unit = case.split(" ", 1)[1].partition(" ")
+    number, _, unit = case.split(" ", 1)[1].partition(" ")  # "latency 4 MiB"
     return int(number) * {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}.get(unit, 1)
 
 
@@ -210,7 +217,7 @@ def plan_document(plan: Plan, cm: CostModel, profile: dict, limit: int, splits: 
                           "activation_bytes": m.activations,
                           "iteration_s": plan.iteration_s, "samples_per_s": plan.samples_per_s},
             "network": profile["network"], "device": profile.get("device", ""),
-            "overhead_s": cm.overhead_s}
+            "update_s": cm.update_s, "overhead_s": cm.overhead_s}
 
 
 def write_json(path: str | Path, doc) -> None:
