@@ -137,10 +137,12 @@ def build_summary(job, *, sync: str, world_size: int, backend: str, wall_seconds
         Per rank (the server first), the payload bytes it sent and received per tensor and scheme;
         None without MPI.
     osdp : dict or None
-        With an OSDP plan (``osdp.plan``): the plan file, its prediction (``peak_bytes``,
-        ``iteration_s``) and per worker what was measured (``peak_bytes``, ``iteration_s``: the median
-        start-to-start time, and per iteration the seconds waited on on-demand fetches and pushes,
-        ``transfer_wait_s``, and their messages, ``transfer_messages``); None without a plan.
+        With an OSDP plan (``osdp.plan``): the plan file, whether ranks shared cores
+        (``ranks_share_cores``: the predicted time assumes a core per rank), its prediction
+        (``peak_bytes``, ``iteration_s``) and per worker what was measured (``peak_bytes``;
+        ``iteration_s``, the median start-to-start time; ``transfer_wait_s``, the median seconds an
+        iteration waited on on-demand fetches and pushes; ``transfer_messages``, their messages per
+        iteration); None without a plan.
 
     A float that is not finite (a diverged loss) is written as null, so the file is strict JSON.
     """

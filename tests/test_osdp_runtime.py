@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import tracemalloc
 from pathlib import Path
 
@@ -326,6 +327,9 @@ def test_bsp_with_on_demand_layers_equals_the_oracle(choices, overlap, wire, ora
         assert held <= peak <= held + (1 << 20), (peak, held)
     assert all(t > 0 for t in measured["iteration_s"])
     assert all(m > 0 for m in measured["transfer_messages"])  # fetches and their pushes were counted
+    assert all(w > 0 for w in measured["transfer_wait_s"])
+    # 4 ranks on one node: they share cores where it has fewer CPUs (the prediction assumes a core each)
+    assert s["osdp"]["ranks_share_cores"] is (len(os.sched_getaffinity(0)) < 4)
 
 
 @pytest.mark.timeout(400)

@@ -113,6 +113,9 @@ class Server:
         job, backoff = self.job, self.ctx.backoff()
         log.info("server: %s with %d workers, %d parameters in %d messages per push, stop at %s iterations",
                  self.policy.name, self.n, self.space.size, len(self.layout.chunks), self.limits)
+        if job.osdp.plan and self.ctx.any_oversubscribed:
+            log.warning("osdp: ranks share cores: the plan's predicted iteration time assumes a core per rank "
+                        "(docs/osdp.md)")
         self.trace.set_attrs(clock_offset_s=0.0)
         t = self.ctx.now()
         self.last_heard[:] = t
@@ -409,7 +412,7 @@ class Server:
         from ..plan.osdp_files import read_plan
 
         predicted = read_plan(self.job.osdp.plan).get("predicted", {})
-        return {"plan": self.job.osdp.plan,
+        return {"plan": self.job.osdp.plan, "ranks_share_cores": self.ctx.any_oversubscribed,
                 "predicted": {"peak_bytes": predicted.get("peak_bytes"), "iteration_s": predicted.get("iteration_s")},
                 "measured": {key: [s["osdp"][key] for s in stats]
                              for key in ("peak_bytes", "iteration_s", "transfer_wait_s", "transfer_messages")}}
