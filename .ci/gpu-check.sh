@@ -3,7 +3,7 @@
 # MPI where the library has it, and the layers against PyTorch. Run from anywhere:
 #
 #   OUT=/tmp/gpu-check .ci/gpu-check.sh            # every step
-#   STEPS="preflight tests" .ci/gpu-check.sh      # some of: preflight install tests train oracle cuda-aware bench
+#   STEPS="preflight tests" .ci/gpu-check.sh      # some of: preflight install tests train oracle cuda-aware bench osdp
 #
 # Steps (each one's output in $OUT/<step>.log; one line per step in $OUT/summary.txt: ok, FAIL or skip):
 #   preflight   nvidia-smi, the interpreter, and which of numpy, mpi4py, cupy, torch import (versions)
@@ -16,6 +16,9 @@
 #   cuda-aware  a CuPy array sent between two ranks; if it arrives intact, BSP with
 #               runtime.cuda_aware_mpi=true, wait-free backprop on and off (else: skip, and why)
 #   bench       python -m ebsp_mpi bench nn (with torch installed)
+#   osdp        OSDP's predicted against measured peak memory and iteration time (jobs/osdp/measure.sh,
+#               docs/osdp.md): on NumPy, 3 workers and the server with a core each (the GPU machine's
+#               CPUs, OSDP_WORKERS to change), then on CuPy with one worker (the device to itself)
 #
 # Environment: PYTHON (default: .venv/bin/python where it runs, else python3), MPIEXEC (default: the
 # mpiexec beside PYTHON, else on PATH), PIP_INSTALL_ARGS (e.g. "--no-index --find-links /wheels" on an
@@ -26,6 +29,7 @@
 #   STEPS="preflight install tests" PACK=1 .ci/gpu-check.sh
 #   STEPS="install train" PACK=1 .ci/gpu-check.sh
 #   STEPS="install oracle cuda-aware bench" PACK=1 .ci/gpu-check.sh
+#   STEPS="install osdp" PACK=1 .ci/gpu-check.sh
 # The exit status is the number of failed steps (0: all ok or skipped).
 #
 # On a lent machine that reaches nothing (its image has CuPy, torch, mpi4py, numba, h5py, scikit-learn
@@ -39,7 +43,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
 OUT=${OUT:-$PWD/gpu-check-out}
-STEPS=${STEPS:-preflight install tests train oracle cuda-aware bench}
+STEPS=${STEPS:-preflight install tests train oracle cuda-aware bench osdp}
 ITERATIONS=${ITERATIONS:-200}
 STEP_TIMEOUT=${STEP_TIMEOUT:-540}
 mkdir -p "$OUT"
@@ -208,6 +212,15 @@ if wanted bench; then
   else
     record bench-nn skip 0 "torch does not import"
   fi
+fi
+
+if wanted osdp; then  # each prints its table; its runs stay in /tmp (the lent machine returns few files)
+  for backend in numpy cupy; do
+    workers=${OSDP_WORKERS:-3}
+    [[ $backend == cupy ]] && workers=1
+    run "osdp-$backend" env PYTHON="$PYTHON" MPIEXEC="$MPIEXEC" BACKEND=$backend WORKERS="$workers" \
+      OUT="/tmp/osdp-$backend" IT="$ITERATIONS" bash jobs/osdp/measure.sh
+  done
 fi
 
 echo "$failures failed step(s); logs in $OUT" | tee -a "$OUT/summary.txt"

@@ -1,40 +1,30 @@
 #!/bin/bash
 # OSDP on the wide MLP, 3 workers: predicted against measured peak memory and iteration time per limit.
 #   bash jobs/osdp/measure.sh            (OUT=/tmp/osdp, LIMITS="28MiB 24MiB ... 4MiB", IT=100 iterations,
-#                                         WORKERS=3; WORKERS=1 on 2 cores gives each rank a core)
-# 1. bench mpi and profile; 2. an all-resident run and a run under 20 MiB calibrate the overhead per
-# iteration and the latency per fetch message as the runs see them (docs/osdp.md); 3. per limit: plan
-# with those, train, and print one table row.
+#                                         WORKERS=3; WORKERS=1 on 2 cores gives each rank a core;
+#                                         BACKEND=cupy: profile, plan and train on the GPU)
+# 1. bench mpi and profile; 2. an all-resident run calibrates the overhead per iteration, what it shows
+# beyond its prediction (docs/osdp.md); 3. per limit: plan with it, train, and print one table row.
 set -e
 OUT=${OUT:-/tmp/osdp}; JOB=$(cd "$(dirname "$0")" && pwd)/wide-mlp.toml; mkdir -p "$OUT"; cd "$OUT"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 P=${PYTHON:-python}; M=${MPIEXEC:-mpiexec}
-IT=${IT:-100}; export WORKERS=${WORKERS:-3}
+IT=${IT:-100}; WORKERS=${WORKERS:-3}; B="--set backend=${BACKEND:-numpy}"
+# no evaluation during training: on this model one takes the server some 0.1 s of a core a second
+E="--set eval.every_seconds=1e9"
 $M -n 2 $P -m ebsp_mpi bench mpi --json mpi.json >/dev/null
-$P -m ebsp_mpi profile "$JOB" --reps 20 --bench mpi.json --out wide.json -q >/dev/null
+$P -m ebsp_mpi profile "$JOB" $B --reps 20 --bench mpi.json --out wide.json -q >/dev/null
 run() {  # run plan file $1 into dir $2
-  rm -rf $2; $M -n $((WORKERS + 1)) $P -m ebsp_mpi train "$JOB" --set osdp.plan=$1 --set stop.iterations=$IT --out $2 -q >/dev/null
+  rm -rf $2; $M -n $((WORKERS + 1)) $P -m ebsp_mpi train "$JOB" $B $E --set osdp.plan=$1 --set stop.iterations=$IT --out $2 -q >/dev/null
 }
-$P -m ebsp_mpi plan "$JOB" --profile wide.json --memory-limit 64MiB --out cR.json -q >/dev/null
-$P -m ebsp_mpi plan "$JOB" --profile wide.json --memory-limit 20MiB --out c20.json -q >/dev/null
-run cR.json r_R; run c20.json r_20
-L=$($P - <<'PY'
-import json, os, numpy as np
-s=json.load(open('r_20/summary.json')); o=s['osdp']['measured']; it=np.mean(s['iterations'])
-bw=json.load(open('wide.json'))['network']['bandwidth_bytes_per_s']
-plan=json.load(open('c20.json')); od=sum(l['params']*4 for l in plan['layers'] if l['mode']=='on-demand')
-fetched=np.mean([s['bytes'][r]['total']['fetch']['received'] for r in range(1, int(os.environ['WORKERS']) + 1)])/it
-L=(np.mean(o['transfer_wait_s'])-(fetched+od)/bw)/np.mean(o['transfer_messages'])
-print(L)
-PY
-)
-$P -m ebsp_mpi plan "$JOB" --profile wide.json --memory-limit 64MiB --latency $L --out cR2.json -q >/dev/null
+$P -m ebsp_mpi plan "$JOB" $B --profile wide.json --memory-limit 64MiB --out cR.json -q >/dev/null
+run cR.json r_R
 O=$($P -c "
-import json,numpy as np; s=json.load(open('r_R/summary.json'))['osdp']; p=json.load(open('cR2.json'))['predicted']
+import json,numpy as np; s=json.load(open('r_R/summary.json'))['osdp']; p=json.load(open('cR.json'))['predicted']
 print(float(np.median(s['measured']['iteration_s']))-p['iteration_s'])")
-echo "calibrated: latency $L s per message, overhead $O s per iteration"
+echo "calibrated: overhead $O s per iteration"
 for lim in ${LIMITS:-28MiB 24MiB 20MiB 16MiB 12MiB 8MiB 6MiB 4MiB}; do
-  $P -m ebsp_mpi plan "$JOB" --profile wide.json --memory-limit $lim --latency $L --overhead $O --out p_$lim.json -q >/dev/null
+  $P -m ebsp_mpi plan "$JOB" $B --profile wide.json --memory-limit $lim --overhead $O --out p_$lim.json -q >/dev/null
   run p_$lim.json r_$lim
   $P - $lim <<'PY'
 import json, sys, numpy as np
