@@ -4,12 +4,12 @@
 parameters), the device, the batch sizes, per layer in forward order its static shape (for a layer with
 parameters: ``rows``, ``row_elems``, ``bias_elems``, ``bias_per_row``, ``split_temp_elems``,
 ``input_grad_elems``, see :class:`~ebsp_mpi.plan.osdp.Block`) and its ``forward_s`` and ``backward_s``
-per batch size (medians), for a layer with parameters ``slices_s``: per slice count of ``splits`` (up to
-its rows) the ``forward_s`` and ``backward_s`` of the layer run in that many slices, the loss's
+per batch size (medians), for a layer with parameters ``slices_s``: per slice count of ``splits`` (up
+to its rows) the ``forward_s`` and ``backward_s`` of the layer run in that many slices, the loss's
 ``loss_s``, the measured ``activation_bytes`` per batch size, the servers' ``update_s`` (their
-optimizer step over the parameters), the network (``latency_s``,
-``bandwidth_bytes_per_s``, where they come from, and ``overlap``: whether a fetch overlaps compute) and
-``overhead_s``. Its ``version`` is :data:`PROFILE_VERSION`.
+optimizer step over the parameters), the network (``latency_s``, ``bandwidth_bytes_per_s``, where they
+come from, and ``overlap``: whether a fetch overlaps compute) and ``overhead_s``. Its ``version`` is
+:data:`PROFILE_VERSION`.
 
 **Plan** (JSON, :data:`PLAN_FORMAT`), what a job names with ``osdp.plan``: the model and
 ``batch_size`` it was made for, and per layer with parameters, in forward order, ``name``,
