@@ -251,11 +251,11 @@ def slice_times(model, backend, layers: list[dict], x_host, y_host, reps: int, w
 def _slice_units(model, layer, entry: dict, n: int) -> list:
     """The `n` slices of `layer`: ``((W rows, b part, first row), (their values))``, forward order; b
     goes per row (Conv2D) or whole with the last slice (Dense)."""
+    from .plan.osdp import split_rows
+
     W, b = (model.space.param(t) for t in layer.tensor_names)
-    q, r = divmod(entry["rows"], n)
     units, row = [], 0
-    for k in range(n):
-        rows = q + 1 if k < r else q
+    for k, rows in enumerate(split_rows(entry["rows"], n)):
         w = W[row:row + rows].reshape(-1).copy()
         part = b[row:row + rows] if entry["bias_per_row"] else b if k == n - 1 else b[:0]
         units.append(((w, part.copy(), row), (w.copy(), part.copy())))

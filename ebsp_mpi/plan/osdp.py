@@ -117,6 +117,13 @@ SPLITS = (2, 4, 8)
 RESIDENT, ON_DEMAND = 0, 1
 
 
+def split_rows(rows: int, s: int) -> tuple[int, ...]:
+    """`rows` dealt into `s` slices as ``numpy.array_split`` deals them: the first ``rows mod s`` get
+    one row more."""
+    q, r = divmod(rows, s)
+    return (q + 1,) * r + (q,) * (s - r)
+
+
 @dataclass(frozen=True)
 class Block:
     """One layer with parameters, its slicing, and the times of it and its parameter-free layers.
@@ -171,11 +178,10 @@ class Block:
         return self.forward_s, self.backward_s
 
     def slice_rows(self, s: int) -> tuple[int, ...]:
-        """Rows of each of the `s` slices in forward order (``numpy.array_split``'s sizes)."""
+        """Rows of each of the `s` slices in forward order (:func:`split_rows`)."""
         if not 1 <= s <= self.rows:
             raise ValueError(f"{self.name}: cannot split {self.rows} rows in {s} slices")
-        q, r = divmod(self.rows, s)
-        return (q + 1,) * r + (q,) * (s - r)
+        return split_rows(self.rows, s)
 
     def slice_elems(self, s: int) -> tuple[int, ...]:
         """Elements of each of the `s` slices (``s = 1``: the whole layer), in forward order."""
