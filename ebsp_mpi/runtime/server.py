@@ -150,11 +150,13 @@ class Server:
         return self._finish()
 
     def _serve_pushes(self) -> bool:
+        """Take the parts of pushes that have come and act on the pushes they complete; True when any
+        part came (``shard.Arrivals``)."""
         now = self.ctx.now()
-        complete = self.store.take_parts(self.last_heard, now)
-        for w in complete:
+        arrived = self.store.take_parts(self.last_heard, now)
+        for w in arrived.complete:
             self._on_push(w, now)
-        return bool(complete)
+        return arrived.parts > 0
 
     def _on_push(self, w: int, t: float) -> None:
         head = self.store.headers[w]

@@ -81,8 +81,8 @@ class ShardServer:
         next_housekeeping = 0.0
         while not self.ended:
             arrived = self.store.take_parts()  # the workers are not watched here: rank 0 watches them
-            self.complete[arrived] = True
-            progressed = bool(arrived)
+            self.complete[arrived.complete] = True
+            progressed = arrived.parts > 0
             if self._take_orders():
                 scheduler.heard()
                 progressed = True
