@@ -19,6 +19,7 @@ import numpy as np
 from . import __version__
 from .config import to_dict
 from .errors import OutputError, UsageError
+from .safe_text import clean_text, clean_tree
 
 
 #: the file in a run directory that the run holds locked while it writes there
@@ -205,9 +206,10 @@ def _finite_or_none(x: float | None) -> float | None:
 
 def write_summary(run_dir: Path, summary: dict) -> Path:
     """Write ``summary.json`` atomically (a crash mid-write never leaves half a file), as strict JSON:
-    a float that is not finite is written as null."""
+    a float that is not finite is written as null, and every string goes through
+    :func:`~ebsp_mpi.safe_text.clean_text` (the MPI library's version, paths and names in the job)."""
     path = run_dir / "summary.json"
-    text = json.dumps(_strict(summary), indent=2, default=_jsonable, allow_nan=False) + "\n"
+    text = json.dumps(_strict(clean_tree(summary)), indent=2, default=_jsonable, allow_nan=False) + "\n"
     with atomic_path(path) as tmp:
         tmp.write_text(text)
     return path
@@ -260,7 +262,12 @@ def write_model(run_dir: Path, tensors: dict[str, np.ndarray], *, version: int, 
         f.attrs["step"] = int(step)
         f.attrs["package_version"] = __version__
         for key, value in (attrs or {}).items():
-            f.attrs[key] = value if isinstance(value, (int, float, str)) else json.dumps(value, default=_jsonable)
+            if isinstance(value, (str, bytes)):
+                f.attrs[key] = clean_text(value)
+            elif isinstance(value, (int, float)):
+                f.attrs[key] = value
+            else:
+                f.attrs[key] = json.dumps(clean_tree(value), default=_jsonable)
     return path
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..safe_text import clean_tree
 from ..trace.frames import servers_of
 from ..trace.reader import read_run
 
@@ -188,5 +189,5 @@ def write(run_dir: str | os.PathLike, path: str | os.PathLike) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("default")
         doc = trace_events(run_dir)
-    Path(path).write_text(json.dumps(doc, separators=(",", ":")))
+    Path(path).write_text(json.dumps(clean_tree(doc), separators=(",", ":")))
     return doc

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..nn.layers import Conv2D, Dense
+from ..safe_text import clean_tree
 from .osdp import RESIDENT, Block, CostModel, Plan
 
 PROFILE_FORMAT = "ebsp-mpi osdp profile"
@@ -223,7 +224,7 @@ def plan_document(plan: Plan, cm: CostModel, profile: dict, limit: int, splits: 
 def write_json(path: str | Path, doc) -> None:
     p = Path(path)
     try:
-        p.write_text(json.dumps(doc, indent=1) + "\n")
+        p.write_text(json.dumps(clean_tree(doc), indent=1) + "\n")  # the device name, paths
     except OSError as e:
         raise OsdpFileError(f"--out {p}: cannot be written ({e.strerror or e})") from None
 

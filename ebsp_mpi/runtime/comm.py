@@ -19,6 +19,7 @@ from mpi4py import MPI
 from .. import __version__
 from ..config import to_dict
 from ..errors import OutputError, UsageError
+from ..safe_text import clean_text
 from ..trace.writer import open_trace
 from .protocol import ALIVE_TAG, CLOCK_TAG, chunk_bytes_for
 
@@ -316,8 +317,9 @@ def open_rank_trace(ctx: Context, job, run_dir, *, role: str, backend: str, devi
 
 
 def mpi_library() -> str:
-    """The MPI library's first version line, e.g. ``MPICH Version: 4.2.0``."""
-    return MPI.Get_library_version().strip().splitlines()[0].strip()
+    """The MPI library's first version line, e.g. ``MPICH Version: 4.2.0`` or ``Open MPI v5.0.11,
+    package: ...`` (whose text ends with the C string's NUL byte, dropped here)."""
+    return clean_text(MPI.Get_library_version()).strip().splitlines()[0].strip()
 
 
 class Backoff:

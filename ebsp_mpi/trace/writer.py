@@ -31,6 +31,7 @@ import h5py
 import numpy as np
 
 from ..errors import OutputError
+from ..safe_text import clean_text, clean_tree
 from .schema import SCHEMA_VERSION, TABLES
 
 #: Rows a table's in-memory buffer holds before its first growth.
@@ -51,15 +52,19 @@ def trace_path(out_dir: str | os.PathLike, rank: int) -> Path:
 def _attr_value(key: str, value: Any) -> tuple[str, Any]:
     """Map one root attribute to the (name, value) HDF5 stores.
 
-    Strings, booleans, numbers and numeric arrays are stored as they are; anything else (a nested
-    dict such as the job config, a list, None) is stored as a JSON string under ``<key>_json``.
+    Booleans, numbers and numeric arrays are stored as they are, strings (and bytes) through
+    :func:`~ebsp_mpi.safe_text.clean_text` (HDF5 refuses a NUL or bytes that are not UTF-8 in a
+    string attribute); anything else (a nested dict such as the job config, a list, None) is
+    stored as a JSON string under ``<key>_json``, its strings cleaned the same way.
     """
-    if isinstance(value, (str, bool, int, float, np.generic)):
+    if isinstance(value, (str, bytes)):  # numpy.str_ and numpy.bytes_ too
+        return key, clean_text(value)
+    if isinstance(value, (bool, int, float, np.generic)):
         return key, value
     if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
         return key, value
     try:
-        text = json.dumps(value, sort_keys=True)
+        text = json.dumps(clean_tree(value), sort_keys=True)
     except (TypeError, ValueError) as err:
         raise TypeError(
             f"trace attribute {key!r}: cannot store a value of type {type(value).__name__} "
@@ -94,9 +99,9 @@ class TraceWriter:
     path : str or os.PathLike
         The file to create (truncated if it exists); parent directories are created.
     attrs : dict
-        Root attributes (see :data:`schema.ROOT_ATTRS`). Strings and numbers are stored as they
-        are; a nested dict (the resolved job config under ``config``) is stored as a JSON string
-        attribute ``config_json``.
+        Root attributes (see :data:`schema.ROOT_ATTRS`). Numbers are stored as they are, strings
+        cleaned (:mod:`ebsp_mpi.safe_text`); a nested dict (the resolved job config under ``config``)
+        is stored as a JSON string attribute ``config_json``.
     flush_seconds : float
         :meth:`maybe_flush` writes the buffered rows when at least this many seconds (monotonic
         clock) passed since the last flush. This bounds what a crash can lose.

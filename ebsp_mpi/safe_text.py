@@ -1,0 +1,62 @@
+"""Text that came from outside the program, made fit for HDF5 attributes and JSON files.
+
+Library versions, host and device names, paths and job text reach the outputs (trace attributes,
+``model.h5``, ``summary.json``, sweep manifests, timelines, plans) as they were given. Some are not
+fit to be stored: Open MPI's ``MPI_Get_library_version`` ends with the C string's NUL byte, which HDF5
+refuses in a string attribute (``VLEN strings do not support embedded NULLs``); a file name or a host
+name may hold bytes that are not UTF-8 (Python carries them as lone surrogates, which HDF5 cannot
+encode and strict JSON readers refuse); and one runaway value (a file read where a name was meant)
+would be copied whole into every rank's trace. :func:`clean_text` is the one rule for all of them, and
+every such output passes its strings through it (:func:`clean_tree` for nested values). Standard
+library only.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+#: Characters of one string kept in an output; the rest is replaced by a note of how many there were.
+#: Longer than any path (Linux's PATH_MAX is 4096 bytes) or any library's version line.
+MAX_CHARS = 8192
+
+
+def clean_text(value: str | bytes, limit: int = MAX_CHARS) -> str:
+    """`value` as a string that HDF5 and strict JSON accept, still readable:
+
+    - NUL bytes at the end (a C string's terminator) are dropped; a NUL inside is written ``\\x00``;
+    - bytes that are not UTF-8 (given as bytes, or carried in a ``str`` as lone surrogates, as Python
+      decodes file names, ``argv`` and the environment) are written as ``\\xNN``;
+    - beyond `limit` characters the text is cut and ends with ``... [N more characters]``.
+
+    Text that is already clean comes back unchanged.
+    """
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        raw = bytes(value)
+    else:
+        text = str(value)
+        try:
+            raw = text.encode("utf-8", "surrogateescape")  # undoes Python's decoding of non-UTF-8 bytes
+        except UnicodeEncodeError:  # a lone surrogate that no decoding made: keep its code point's bytes
+            raw = text.encode("utf-8", "surrogatepass")
+    text = raw.rstrip(b"\0").decode("utf-8", "backslashreplace").replace("\0", "\\x00")
+    if len(text) > limit:
+        text = f"{text[:limit]}... [{len(text) - limit} more characters]"
+    return text
+
+
+def clean_tree(value: Any, limit: int = MAX_CHARS) -> Any:
+    """`value` with :func:`clean_text` applied to every string, bytes and path in it (a path becomes
+    a string), dictionary keys included; dicts, lists and tuples are walked (tuples become lists), and
+    anything else is kept."""
+    if isinstance(value, (str, bytes, bytearray)):
+        return clean_text(value, limit)
+    if isinstance(value, os.PathLike):
+        return clean_text(os.fspath(value), limit)
+    if isinstance(value, Mapping):
+        return {(clean_text(k, limit) if isinstance(k, (str, bytes)) else k): clean_tree(v, limit)
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean_tree(v, limit) for v in value]
+    return value
