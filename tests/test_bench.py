@@ -20,7 +20,7 @@ from mpirun import child_env, local, mpiexec, train
 
 pytestmark = pytest.mark.timeout(180)
 
-UNITS = {"B/s", "s"}
+UNITS = {"B/s", "s", "samples/s"}
 
 
 def run_bench(tmp_path, kind, *options, ranks=None, timeout=150):
@@ -73,6 +73,7 @@ def test_figures_print_in_readable_units(capsys):
     assert report.human(2.5e9, "B/s") == "2.50 GB/s"
     assert report.human(3.2e-6, "s") == "3.2 us"
     assert report.human(0.0171, "s") == "17.1 ms"
+    assert report.human(48213.7, "samples/s") == "48,214 samples/s"
     rows = [report.record("overhead", "bsp", 0.0115, "s", "single process", 0.01),
             report.record("overhead", "asp", 0.02, "s", "single process", 0.01)]
     report.print_table("title", rows, {"bsp": ("<=", 1.15), "asp": ("<=", 1.15)})
@@ -100,7 +101,7 @@ def test_alternate_times_every_function_the_same_number_of_times():
 def test_every_kind_names_a_module_with_main():
     import importlib
 
-    assert set(KINDS) == {"mpi", "ps", "overhead", "hybcomm", "nn", "zipline", "simulate"}
+    assert set(KINDS) == {"mpi", "ps", "overhead", "hybcomm", "nn", "zipline", "simulate", "train"}
     for name, kind in KINDS.items():
         assert callable(importlib.import_module(kind.module).main), name
 
@@ -245,6 +246,31 @@ def test_overhead_compares_bsp_with_the_single_process_trainer(tmp_path):
     on, off = line.split(": ", 1)[1].split("; ")
     assert on.startswith("traces on ") and off.startswith("traces off ")
     assert all(float(part.split()[-1]) > 0 for part in (on, off)) and "," not in on + off  # --reps 1
+
+
+def test_train_runs_mpi_and_the_single_process_trainer_on_the_same_job(tmp_path):
+    records, out = run_bench(tmp_path, "train", "--sizes", "small", "--models", "bsp,asp", "--workers", "2",
+                             "--reps", "1", "--no-ddp", "--set", "stop.iterations=5", timeout=170)
+    check_records(records, "train")
+    assert [r["case"] for r in records] == ["small, BSP, 2 workers / single process",
+                                            "small, ASP, 2 workers / single process"]
+    assert all(r["unit"] == "samples/s" for r in records)
+    assert "PyTorch DDP left out: --no-ddp" in out
+
+
+def test_train_refuses_an_unknown_size_in_one_line():
+    p = subprocess.run([sys.executable, "-m", "ebsp_mpi", "bench", "train", "--sizes", "huge"],
+                       capture_output=True, text=True, timeout=60, env=child_env())
+    assert p.returncode == 2 and "'huge'" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_the_ddp_peer_trains_the_same_mlp():
+    pytest.importorskip("torch")
+    p = subprocess.run([sys.executable, "-m", "ebsp_mpi.bench.ddp", "--workers", "2", "--set", "stop.iterations=100",
+                        "--set", "stop.epochs=0"], capture_output=True, text=True, timeout=170, env=child_env())
+    assert p.returncode == 0, p.stderr
+    result = json.loads(p.stdout.strip().splitlines()[-1])
+    assert result["samples_per_second"] > 0 and result["test_accuracy"] > 0.5  # it learned: not chance (0.1)
 
 
 def hybcomm_rows(out):

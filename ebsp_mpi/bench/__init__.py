@@ -27,6 +27,8 @@ KINDS = {
     "hybcomm": Kind("ebsp_mpi.bench.hybcomm", 3, "dense layers under BSP with comm.hybrid = ps, sfb, auto: "
                                                  "bytes per iteration against the cost model, seconds "
                                                  "per iteration, the PS/SFB crossover"),
+    "train": Kind("ebsp_mpi.bench.train", 1, "end-to-end samples per second of BSP and ASP runs against "
+                                             "the single-process trainer and PyTorch DDP (launches mpiexec)"),
     "nn": Kind("ebsp_mpi.bench.nn", 1, "Dense, Conv2D, MaxPool2D and SGD against PyTorch on the CPU"),
     "zipline": Kind("ebsp_mpi.bench.zipline", 1, "ZipLine against a heapq scan and brute force"),
     "simulate": Kind("ebsp_mpi.bench.simulate", 1, "the simulator's pushes per second per sync policy "

@@ -5,7 +5,7 @@ A record compares one measured figure with a peer measured in the same run on th
 ``{"kind", "case", "figure", "unit", "reference", "reference_figure", "ratio"}``
 
 ``ratio`` is always ``figure / reference_figure`` in ``unit``: above 1 means more bytes per second
-for a throughput (``B/s``), more seconds for a time (``s``). Standard library only.
+for a throughput (``B/s``, ``samples/s``), more seconds for a time (``s``). Standard library only.
 """
 
 from __future__ import annotations
@@ -68,6 +68,8 @@ def human(value: float, unit: str) -> str:
             if abs(value) >= scale:
                 return f"{value / scale:.3g} {name}"
         return f"{value / 1e-9:.3g} ns"
+    if abs(value) >= 1000:
+        return f"{value:,.0f} {unit}"
     return f"{value:.4g} {unit}"
 
 

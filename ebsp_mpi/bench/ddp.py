@@ -1,0 +1,93 @@
+"""The peer of ``bench train``: the same job trained with PyTorch DistributedDataParallel (gloo, CPU).
+
+``python -m ebsp_mpi.bench.ddp --workers N [--set KEY=VALUE ...]`` trains the job's MLP (same layer
+widths, momentum SGD at the job's learning rate and weight decay) on the same dataset, each of the N
+processes drawing worker w's minibatches from ``build.batch_stream`` as MPI worker w would, for
+``stop.iterations`` steps, and prints one JSON line: ``{"samples_per_second": ..., "wall_seconds":
+..., "test_accuracy": ...}``. The clock runs as it does in a run's ``summary.json``: from the moment
+every process has built its model (after a barrier) to the end of the last step (after a barrier).
+
+DDP is BSP by construction (an allreduce of the gradients in every backward pass), so it is the
+peer of the BSP rows; the ASP rows show it too, as the synchronous figure a user would otherwise get.
+Needs ``torch`` (not a dependency of the project: ``pip install torch``). One thread per process, as
+every rank of an MPI run has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import tempfile
+import time
+
+
+def _train(rank: int, workers: int, overrides: list[str], rendezvous: str, result: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from .. import build
+    from ..config import load_job
+
+    torch.set_num_threads(1)
+    job = load_job(None, overrides)
+    if job.model.kind != "mlp":
+        raise SystemExit(f"bench train's DDP peer builds MLPs only, not model.kind = {job.model.kind!r}")
+    if not job.stop.iterations:
+        raise SystemExit("bench train's DDP peer needs stop.iterations > 0")
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=workers)
+    ds = build.dataset(job)
+    torch.manual_seed(job.seed)
+    widths = [math.prod(ds.input_shape)] + list(job.model.hidden)
+    layers: list[nn.Module] = [nn.Flatten()]
+    for a, b in itertools.pairwise(widths):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    layers.append(nn.Linear(widths[-1], ds.num_classes))
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(*layers))
+    opt = torch.optim.SGD(model.parameters(), lr=job.optim.lr, momentum=job.optim.momentum,
+                          weight_decay=job.optim.weight_decay)
+    loss_fn = nn.CrossEntropyLoss()
+    x_train, y_train = torch.from_numpy(ds.x_train), torch.from_numpy(ds.y_train)
+    stream = build.batch_stream(job, ds, rank, workers)
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(job.stop.iterations):
+        idx = torch.from_numpy(stream.next_indices())
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(x_train[idx]), y_train[idx]).backward()
+        opt.step()
+    dist.barrier()
+    wall = time.perf_counter() - t0
+    if rank == 0:
+        with torch.no_grad():
+            logits = model.module(torch.from_numpy(ds.x_test))
+            accuracy = float((logits.argmax(1) == torch.from_numpy(ds.y_test)).float().mean())
+        samples = workers * job.stop.iterations * job.data.batch_size
+        with open(result, "w") as f:
+            json.dump({"samples_per_second": samples / wall, "wall_seconds": wall,
+                       "test_accuracy": accuracy}, f)
+    dist.destroy_process_group()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ebsp_mpi.bench.ddp", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, required=True)
+    parser.add_argument("--set", dest="set", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+    import torch.multiprocessing as mp
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one machine: gloo talks over loopback only
+    with tempfile.TemporaryDirectory(prefix="ebsp-ddp-") as tmp:
+        result = os.path.join(tmp, "result.json")
+        mp.spawn(_train, args=(args.workers, args.set, os.path.join(tmp, "rendezvous"), result),
+                 nprocs=args.workers)
+        with open(result) as f:
+            print(f.read())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,151 @@
+"""Benchmark: end-to-end training throughput, the samples per second a user sees in ``summary.json``.
+
+``python -m ebsp_mpi bench train`` (no mpiexec: it launches the runs itself). For each model size and
+sync model it runs, alternately, ``--reps`` times each:
+
+- the job under MPI: ``mpiexec -n N+1 python -m ebsp_mpi train`` (the server and N workers);
+- the single-process trainer on the same job with ``sync.workers = N`` (the same N gradients per step,
+  the same samples, no messages): the reference;
+- PyTorch DDP (gloo) on the same job, N processes (``bench/ddp.py``), where ``torch`` imports.
+
+Sizes: ``small`` is the digits MLP 64-128-64-10 at batch 32 (latency-bound: a message round trip
+costs more than the gradient); ``large`` an MLP 784-1024-256-10 (1,068,810 parameters) on synthetic
+data at batch 64 (bandwidth-bound). Every run writes traces as users' runs do, evaluates only at the
+end (outside the clock) and has no injected stragglers; every process has one BLAS thread. The figure
+is the median of the repetitions; ``--json`` writes each median with its reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from ..errors import UsageError
+from .report import print_table, record
+
+UNIT = "samples/s"
+SIZES = {
+    "small": ["model.hidden=[128,64]", "data.batch_size=32", "stop.iterations=300"],
+    "large": ["data.name=synthetic", "data.synthetic_features=784", "data.synthetic_samples=10000",
+              "model.hidden=[1024,256]", "data.batch_size=64", "stop.iterations=60"],
+}
+COMMON = ["stop.epochs=0", "straggler.enabled=false", "eval.every_seconds=1e9"]
+#: targets (docs/performance.md): the small MLP under BSP is latency-bound, where a slow message loop
+#: shows first (it once ran at 0.07x the single process and 1.4x DDP)
+TARGETS = {("small", "bsp", "single process"): (">=", 0.30), ("small", "bsp", "PyTorch DDP (gloo)"): (">=", 5.0)}
+
+
+def _env() -> dict:
+    import os
+
+    from ..runtime.env import cap_blas_threads
+
+    return cap_blas_threads(dict(os.environ))
+
+
+def _run_summary(cmd: list[str], timeout: float) -> dict:
+    """Run one training command in a fresh run directory; its summary.json."""
+    with tempfile.TemporaryDirectory(prefix="ebsp-bench-train-") as tmp:
+        out = Path(tmp) / "run"
+        proc = subprocess.run([*cmd, "-q", "--out", str(out)], capture_output=True, text=True,
+                              timeout=timeout, env=_env())
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-2000:]}")
+        return json.loads((out / "summary.json").read_text())
+
+
+def mpi_run(mpiexec: list[str], workers: int, overrides: list[str], timeout: float) -> float:
+    sets = [a for o in overrides for a in ("--set", o)]
+    cmd = [*mpiexec, "-n", str(workers + 1), sys.executable, "-m", "ebsp_mpi", "train", *sets]
+    return _run_summary(cmd, timeout)["samples_per_second"]
+
+
+def single_run(workers: int, overrides: list[str], timeout: float) -> float:
+    sets = [a for o in overrides + [f"sync.workers={workers}"] for a in ("--set", o)]
+    return _run_summary([sys.executable, "-m", "ebsp_mpi", "train", *sets], timeout)["samples_per_second"]
+
+
+def ddp_run(workers: int, overrides: list[str], timeout: float) -> float:
+    sets = [a for o in overrides for a in ("--set", o)]
+    proc = subprocess.run([sys.executable, "-m", "ebsp_mpi.bench.ddp", "--workers", str(workers), *sets],
+                          capture_output=True, text=True, timeout=timeout, env=_env())
+    if proc.returncode != 0:
+        raise RuntimeError(f"the DDP peer exited {proc.returncode}:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])["samples_per_second"]
+
+
+def torch_available() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def measure(args, mpiexec: list[str], with_ddp: bool) -> tuple[list[dict], dict, dict]:
+    """The records (medians), their targets by case, and per case every repetition's figures."""
+    records, targets, spreads = [], {}, {}
+    for size in args.sizes:
+        for model in args.models:
+            overrides = SIZES[size] + COMMON + [f"sync.model={model}"] + args.set
+            runs = {"mpi": lambda o=overrides: mpi_run(mpiexec, args.workers, o, args.timeout),
+                    "single process": lambda o=overrides: single_run(args.workers, o, args.timeout)}
+            if with_ddp:
+                runs["PyTorch DDP (gloo)"] = lambda o=overrides: ddp_run(args.workers, o, args.timeout)
+            figures: dict[str, list[float]] = {name: [] for name in runs}
+            for rep in range(args.reps):
+                for name, run in runs.items():
+                    figures[name].append(run())
+                print(f"  {size} {model} rep {rep + 1}/{args.reps}: " +
+                      ", ".join(f"{name} {values[-1]:,.0f}" for name, values in figures.items()), flush=True)
+            case = f"{size}, {model.upper()}, {args.workers} workers"
+            spreads[case] = figures
+            for reference in [name for name in runs if name != "mpi"]:
+                row = record("train", f"{case} / {reference}", statistics.median(figures["mpi"]), UNIT,
+                             reference, statistics.median(figures[reference]))
+                records.append(row)
+                if (size, model, reference) in TARGETS:
+                    targets[row["case"]] = TARGETS[(size, model, reference)]
+    return records, targets, spreads
+
+
+def main(argv=None, records: list | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ebsp_mpi bench train", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=4, help="workers (the MPI run has one rank more)")
+    parser.add_argument("--reps", type=int, default=3, help="runs of each trainer, alternately (median)")
+    parser.add_argument("--sizes", default="small,large", help="comma-separated: small, large")
+    parser.add_argument("--models", default="bsp,asp", help="comma-separated sync models")
+    parser.add_argument("--no-ddp", action="store_true", help="leave PyTorch DDP out even where torch imports")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds one run may take")
+    parser.add_argument("--mpiexec", help="the launcher (default: as the sweeps find it)")
+    parser.add_argument("--set", dest="set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a key of every run's job")
+    args = parser.parse_args(argv)
+    args.sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [s for s in args.sizes if s not in SIZES]
+    if unknown or args.workers < 1 or args.reps < 1:
+        raise UsageError(f"bench train: --sizes takes {', '.join(SIZES)} (got {args.sizes}); "
+                         f"--workers and --reps at least 1")
+    from ..config import load_job
+    from ..runtime.env import find_mpiexec
+
+    for size in args.sizes:  # a bad --set or sync model is one line, before anything runs
+        for model in args.models:
+            load_job(None, SIZES[size] + COMMON + [f"sync.model={model}"] + args.set)
+    with_ddp = torch_available() and not args.no_ddp
+    if not with_ddp:
+        print("PyTorch DDP left out: " + ("--no-ddp" if args.no_ddp else "torch does not import (pip install torch)"))
+    found, targets, spreads = measure(args, find_mpiexec(args.mpiexec), with_ddp)
+    print_table(f"training throughput (median of {args.reps} runs each, alternately)", found, targets)
+    print("every run (samples/s): " + "; ".join(
+        f"{case}: " + ", ".join(f"{name} " + "/".join(f"{v:,.0f}" for v in values) for name, values in figs.items())
+        for case, figs in spreads.items()))
+    if records is not None:
+        records += found
+    return 0
