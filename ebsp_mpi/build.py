@@ -206,7 +206,8 @@ def hybrid_plan(job: JobConfig, model: Model, workers: int) -> tuple[set[str], d
             m, n = (int(shape[1]), int(shape[0])) if dense else (int(shape[0]), int(np.prod(shape[1:], dtype=int)))
             layers.append((name, m, n, dense))
     try:
-        plan = choose(layers, batch=job.data.batch_size, workers=workers, servers=1,
+        # the servers share every layer's traffic: the cost model prices a push by the busiest server's share
+        plan = choose(layers, batch=job.data.batch_size, workers=workers, servers=job.runtime.servers,
                       synchronous=job.sync.model == "bsp", mode=job.comm.hybrid)
     except ValueError as e:
         raise ModelError(f"comm.hybrid = {job.comm.hybrid!r}: {e}") from None

@@ -112,3 +112,16 @@ def test_sfb_on_a_model_with_no_dense_layer_is_refused_in_one_line():
     with pytest.raises(UsageError, match="comm.hybrid = 'sfb': .*needs a dense layer; this model has none"):
         build.hybrid_plan(job, model, 2)
     assert build.hybrid_plan(load_job(None, ["comm.hybrid=auto"]), model, 2)[0] == set()  # auto: all PS
+
+
+def test_auto_plans_for_the_servers_the_job_has():
+    """comm.hybrid = auto prices a layer's traffic at the busiest server: with runtime.servers = 2 each
+    server carries half of the PS traffic, and under BSP the digits MLP's dense1.W then goes through
+    the servers, where one server would take it as sufficient factors."""
+    chosen = {}
+    for servers in (1, 2):
+        job = load_job(None, ["comm.hybrid=auto", "sync.model=bsp", f"runtime.servers={servers}"])
+        names, plan = build.hybrid_plan(job, build.model(job, build.dataset(job)), 3)
+        assert plan["servers"] == servers
+        chosen[servers] = names
+    assert "dense1.W" in chosen[1] and "dense1.W" not in chosen[2]
