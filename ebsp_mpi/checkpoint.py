@@ -9,12 +9,18 @@ the evaluations so far and the accuracy targets reached; the run's clock (second
 resolved job. A worker's data position and random state follow from its iteration count: its batches
 and its straggler jitter are drawn from ``(seed, worker, epoch)`` and ``(seed, worker, iteration)``.
 
-It is written whole or not at all: into a temporary file renamed over the previous checkpoint.
+It is written whole or not at all: into a temporary file renamed over the previous checkpoint. Every
+array carries the SHA-256 of its values (attribute ``sha256``), and the file the SHA-256 of its
+attributes (``attrs_sha256``: the job, the counts, the policy's state) and of the OSDP plan file the job
+names (``plan_sha256``): a damaged checkpoint, or a plan file replaced since, is refused in one line
+instead of trained on.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,10 +29,14 @@ import numpy as np
 
 from .config import ConfigError, JobConfig, apply_overrides, job_from_dict, load_job, to_dict
 from .errors import UsageError
-from .outputs import atomic_path
+from .outputs import array_digest, atomic_path
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "checkpoint.h5"
-FORMAT = 1
+FORMAT = 2  # 2: the SHA-256 of every array, of the attributes and of the OSDP plan file
+#: formats read: 1, written before the checksums, is read unverified (with a warning)
+READABLE = (1, 2)
 #: per-worker figures a checkpoint carries: seconds of compute, waiting and injected delay so far, and the
 #: last minibatch loss (NaN before the first push)
 TOTALS = ("compute_s", "wait_s", "injected_delay_s")
@@ -50,33 +60,59 @@ class Checkpoint:
     evals: list = field(default_factory=list)  # (t, version, test loss, test accuracy)
     reached: dict = field(default_factory=dict)  # accuracy target -> first second it was reached
     config: dict = field(default_factory=dict)
+    #: SHA-256 of the OSDP plan file the run trains with ("" without one); write_checkpoint takes it from
+    #: the file when not given (see plan_digest)
+    plan_sha256: str = ""
+
+
+def _attrs_digest(attrs: dict) -> str:
+    """SHA-256 of a checkpoint's attributes (all but the digest itself), as canonical JSON."""
+    plain = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in attrs.items() if k != "attrs_sha256"}
+    return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()
+
+
+def plan_digest(config: dict) -> str:
+    """SHA-256 of the OSDP plan file the job `config` names (``osdp.plan``); "" when it names none, or
+    the file cannot be read (resume_job then says so)."""
+    plan = (config.get("osdp") or {}).get("plan") or ""
+    if not plan:
+        return ""
+    try:
+        return hashlib.sha256(Path(plan).read_bytes()).hexdigest()
+    except OSError:
+        return ""
 
 
 def write_checkpoint(run_dir: Path, ckpt: Checkpoint) -> Path:
-    """Write ``run_dir/checkpoint.h5`` atomically; OutputError (one line) if the disk refuses."""
+    """Write ``run_dir/checkpoint.h5`` atomically, with the checksums of the module docstring;
+    OutputError (one line) if the disk refuses."""
     path = Path(run_dir) / CHECKPOINT_FILE
+    arrays = {"params": np.asarray(ckpt.params), "velocity": np.asarray(ckpt.velocity),
+              "iterations": np.asarray(ckpt.iterations, dtype=np.int64),
+              **{f"totals/{name}": np.asarray(ckpt.totals[name], dtype=np.float64) for name in (*TOTALS, LAST_LOSS)}}
+    attrs = dict(format=FORMAT, version=int(ckpt.version), run_seconds=float(ckpt.run_seconds),
+                 rejected=int(ckpt.rejected), policy_json=json.dumps(ckpt.policy),
+                 evals_json=json.dumps([list(e) for e in ckpt.evals]),
+                 reached_json=json.dumps({repr(float(k)): v for k, v in ckpt.reached.items()}),
+                 config_json=json.dumps(ckpt.config), plan_sha256=ckpt.plan_sha256 or plan_digest(ckpt.config))
     with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
-        f.create_dataset("params", data=np.asarray(ckpt.params))
-        f.create_dataset("velocity", data=np.asarray(ckpt.velocity))
-        f.create_dataset("iterations", data=np.asarray(ckpt.iterations, dtype=np.int64))
-        for name in (*TOTALS, LAST_LOSS):
-            f.create_dataset(f"totals/{name}", data=np.asarray(ckpt.totals[name], dtype=np.float64))
-        f.attrs.update(format=FORMAT, version=int(ckpt.version), run_seconds=float(ckpt.run_seconds),
-                       rejected=int(ckpt.rejected), policy_json=json.dumps(ckpt.policy),
-                       evals_json=json.dumps([list(e) for e in ckpt.evals]),
-                       reached_json=json.dumps({repr(float(k)): v for k, v in ckpt.reached.items()}),
-                       config_json=json.dumps(ckpt.config))
+        for name, values in arrays.items():
+            f.create_dataset(name, data=values).attrs["sha256"] = array_digest(values)
+        f.attrs.update(attrs)
+        f.attrs["attrs_sha256"] = _attrs_digest(attrs)
     return path
 
 
 def read_checkpoint(run_dir, arrays: bool = True) -> Checkpoint:
-    """The checkpoint of the run in `run_dir`; with ``arrays=False`` without the parameters and the
-    velocity (empty arrays), for a quick look at the job and the iterations.
+    """The checkpoint of the run in `run_dir`, every part read checked against its checksum; with
+    ``arrays=False`` without the parameters and the velocity (empty arrays, not read), for a quick look
+    at the job and the iterations.
 
     Raises
     ------
     UsageError
-        When `run_dir` holds no readable checkpoint of this format.
+        When `run_dir` holds no readable checkpoint of a known format, or a part of it does not match
+        its checksum (a damaged file): one line naming the file and the part.
     """
     path = Path(run_dir) / CHECKPOINT_FILE
     if not path.is_file():
@@ -84,20 +120,41 @@ def read_checkpoint(run_dir, arrays: bool = True) -> Checkpoint:
                          f"checkpoint.every_seconds, on SIGTERM and at its end)")
     try:
         with h5py.File(path, "r") as f:
-            if f.attrs.get("format") != FORMAT:
-                raise UsageError(f"{path}: checkpoint format {f.attrs.get('format')!r}, expected {FORMAT}")
+            fmt = f.attrs.get("format")
+            if fmt not in READABLE:
+                raise UsageError(f"{path}: checkpoint format {fmt!r}, expected one of {READABLE}")
+            verified = fmt >= 2
+            if not verified:
+                log.warning("%s: a checkpoint of format %s, written before checkpoints carried checksums: "
+                            "it is read unverified", path, fmt)
+            else:
+                attrs = {k: f.attrs[k] for k in f.attrs}
+                if _attrs_digest(attrs) != attrs.get("attrs_sha256"):
+                    raise UsageError(_damaged(path, "its attributes (the job, the counts, the policy's state) do not "
+                                                     "match the checksum written with them"))
+
+            def read(name: str) -> np.ndarray:
+                values = f[name][()]
+                if verified and array_digest(values) != f[name].attrs.get("sha256"):
+                    raise UsageError(_damaged(path, f"the array {name!r} does not match the checksum written with it"))
+                return values
+
             empty = np.empty(0, dtype=np.float32)
             return Checkpoint(
-                params=f["params"][()] if arrays else empty, velocity=f["velocity"][()] if arrays else empty,
+                params=read("params") if arrays else empty, velocity=read("velocity") if arrays else empty,
                 version=int(f.attrs["version"]), run_seconds=float(f.attrs["run_seconds"]),
-                iterations=f["iterations"][()],
-                totals={name: f[f"totals/{name}"][()] for name in (*TOTALS, LAST_LOSS)},
+                iterations=read("iterations"),
+                totals={name: read(f"totals/{name}") for name in (*TOTALS, LAST_LOSS)},
                 rejected=int(f.attrs["rejected"]), policy=json.loads(f.attrs["policy_json"]),
                 evals=[tuple(e) for e in json.loads(f.attrs["evals_json"])],
                 reached={float(k): v for k, v in json.loads(f.attrs["reached_json"]).items()},
-                config=json.loads(f.attrs["config_json"]))
-    except (OSError, KeyError, ValueError) as e:
+                config=json.loads(f.attrs["config_json"]), plan_sha256=str(f.attrs.get("plan_sha256", "")))
+    except (OSError, KeyError, ValueError, TypeError) as e:
         raise UsageError(f"{path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
+
+
+def _damaged(path: Path, what: str) -> str:
+    return f"{path}: {what}: the checkpoint is damaged; resume from a copy of the run directory, or start a new run"
 
 
 def resume_job(run_dir, job_file: str | None, overrides) -> tuple[JobConfig, Checkpoint]:
@@ -113,6 +170,7 @@ def resume_job(run_dir, job_file: str | None, overrides) -> tuple[JobConfig, Che
         saved = job_from_dict(ckpt.config, source)
     except ConfigError as e:
         raise UsageError(f"--resume {run_dir}: the checkpoint's job does not load: {e}") from None
+    _check_plan_unchanged(run_dir, ckpt)
     if job_file is None and not overrides:
         return saved, ckpt
     given = load_job(job_file, overrides) if job_file is not None else \
@@ -123,6 +181,21 @@ def resume_job(run_dir, job_file: str | None, overrides) -> tuple[JobConfig, Che
         raise UsageError(f"--resume {run_dir}: the job differs from the checkpoint's in {', '.join(changed)}; "
                          f"a resumed run may change only stop.* and checkpoint.* (start a new run otherwise)")
     return given, ckpt
+
+
+def _check_plan_unchanged(run_dir, ckpt: Checkpoint) -> None:
+    """The OSDP plan file a resumed run reads must be the one the run trained with: the same path
+    with other contents would place other layers on demand, or slice them otherwise."""
+    plan = (ckpt.config.get("osdp") or {}).get("plan") or ""
+    if not plan or not ckpt.plan_sha256:  # no plan, or a checkpoint of format 1
+        return
+    now = plan_digest(ckpt.config)
+    if not now:
+        raise UsageError(f"--resume {run_dir}: osdp.plan = {plan!r}, the plan the run trained with, cannot be read")
+    if now != ckpt.plan_sha256:
+        raise UsageError(f"--resume {run_dir}: osdp.plan = {plan!r} has changed since the checkpoint (SHA-256 "
+                         f"{ckpt.plan_sha256[:12]}... then, {now[:12]}... now); put back the plan the run trained "
+                         f"with, or start a new run with this one")
 
 
 def _differing_keys(a: dict, b: dict, prefix: str = "") -> list[str]:

@@ -1,11 +1,12 @@
 """Run outputs shared by the single-process trainer and the MPI server: the run directory,
 ``summary.json`` (one builder, one key set), ``model.h5`` and the time-to-accuracy bookkeeping
-(DESIGN.md, "Run outputs")."""
+(docs/design.md, "Run outputs")."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import math
 import os
@@ -253,11 +254,13 @@ def _strict(value):
 
 def write_model(run_dir: Path, tensors: dict[str, np.ndarray], *, version: int, step: int,
                 attrs: dict | None = None) -> Path:
-    """``model.h5``: one dataset per named tensor; attributes ``version`` and ``step`` (and `attrs`)."""
+    """``model.h5``: one dataset per named tensor, each with the SHA-256 of its values (attribute
+    ``sha256``, checked by :func:`read_model`); attributes ``version`` and ``step`` (and `attrs`)."""
     path = run_dir / "model.h5"
     with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
         for name, array in tensors.items():
-            f.create_dataset(name, data=np.asarray(array))
+            values = np.asarray(array)
+            f.create_dataset(name, data=values).attrs["sha256"] = array_digest(values)
         f.attrs["version"] = int(version)
         f.attrs["step"] = int(step)
         f.attrs["package_version"] = __version__
@@ -271,12 +274,45 @@ def write_model(run_dir: Path, tensors: dict[str, np.ndarray], *, version: int, 
     return path
 
 
+def array_digest(values: np.ndarray) -> str:
+    """SHA-256 of an array's dtype, shape and values (hex): what ``model.h5`` and ``checkpoint.h5``
+    keep beside each array, to refuse a damaged file."""
+    a = np.ascontiguousarray(values)
+    h = hashlib.sha256(f"{a.dtype.str}{a.shape}".encode())
+    h.update(a)
+    return h.hexdigest()
+
+
 def read_model(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
-    """The tensors and attributes of a ``model.h5``."""
-    with h5py.File(path, "r") as f:
-        tensors = {}
-        f.visititems(lambda name, obj: tensors.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) else None)
-        return tensors, dict(f.attrs)
+    """The tensors and attributes of a ``model.h5``, each tensor checked against the checksum written
+    with it (a file written before the checksums has none to check).
+
+    Raises
+    ------
+    UsageError
+        The file is missing or unreadable, or a tensor does not match its checksum (a damaged file):
+        one line naming the file and the tensor.
+    """
+    tensors: dict[str, np.ndarray] = {}
+    damaged: list[str] = []
+
+    def take(name: str, obj) -> None:
+        if isinstance(obj, h5py.Dataset):
+            tensors[name] = obj[()]
+            stored = obj.attrs.get("sha256")
+            if stored is not None and array_digest(tensors[name]) != stored:
+                damaged.append(name)
+
+    try:
+        with h5py.File(path, "r") as f:
+            f.visititems(take)
+            attrs = dict(f.attrs)
+    except (OSError, KeyError, ValueError) as e:
+        raise UsageError(f"{path}: not a readable model file ({type(e).__name__}: {e})") from None
+    if damaged:
+        raise UsageError(f"{path}: tensor {', '.join(damaged)} does not match the checksum written with it: "
+                         f"the file is damaged")
+    return tensors, attrs
 
 
 def _jsonable(v):
