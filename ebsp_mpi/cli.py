@@ -111,9 +111,41 @@ def _resumed_job(args, world_size: int):
     job, ckpt = resume_job(args.resume, args.job, args.overrides)
     workers = check_workers(job, world_size)
     if workers != len(ckpt.iterations):
+        ranks = len(ckpt.iterations) + job.runtime.servers
         raise UsageError(f"--resume {args.resume}: the run had {len(ckpt.iterations)} workers, this launch has "
-                         f"{workers}; launch it as it was (world size {len(ckpt.iterations) + 1} under MPI)")
+                         f"{workers}; launch it as it was (world size {ranks} under MPI: "
+                         f"{job.runtime.servers} server(s) and {len(ckpt.iterations)} workers)")
+    left = work_left(job, ckpt)
+    if left is not None:
+        raise UsageError(f"--resume {args.resume}: nothing left to do: {left}; its files stay as they are")
     return job, workers
+
+
+def work_left(job, ckpt) -> str | None:
+    """Why the run `ckpt` checkpointed has nothing left to do under `job`'s stop rule, or None: it
+    has trained ``stop.seconds`` already, or every worker has pushed its last iteration (the server
+    would stop each at once). Only ``stop.epochs`` needs the data set's size, so only then is it loaded."""
+    from . import build
+
+    stop, done = job.stop, [int(i) for i in ckpt.iterations]
+    if stop.seconds and ckpt.run_seconds >= stop.seconds:
+        return (f"the run has trained {ckpt.run_seconds:.1f} s and stop.seconds = {stop.seconds:g}; "
+                f"raise stop.seconds to train on")
+    if not stop.iterations and not stop.epochs:
+        return None
+    if stop.iterations and min(done) < stop.iterations and not stop.epochs:
+        return None
+    batches = [None] * len(done)
+    if stop.epochs:
+        ds = build.dataset(job)
+        batches = [build.batch_stream(job, ds, w, len(done)).batches_per_epoch for w in range(len(done))]
+    limits = [build.iteration_limit(job, b) if b is not None else stop.iterations for b in batches]
+    if any(d < lim for d, lim in zip(done, limits, strict=True)):
+        return None
+    given = ", ".join(f"{key} = {value:g}" for key, value in (("stop.iterations", stop.iterations),
+                                                            ("stop.epochs", stop.epochs)) if value)
+    return (f"its workers have done {done} iterations, and {given} stop them at {limits}; raise "
+            f"{'stop.iterations' if stop.iterations else 'stop.epochs'} to train on")
 
 
 def _check_on_demand_layers(job, world_size: int) -> None:
@@ -134,6 +166,41 @@ def _check_on_demand_layers(job, world_size: int) -> None:
                          f"(now {job.comm.hybrid!r})")
 
 
+#: seconds a rank may spend starting MPI (``MPI_Init``) before it gives up; 0: no limit
+MPI_INIT_TIMEOUT_ENV = "EBSP_MPI_INIT_TIMEOUT_S"
+MPI_INIT_TIMEOUT_S = 300.0
+
+
+def _start_mpi():
+    """Import the MPI runtime, which starts MPI, within ``$EBSP_MPI_INIT_TIMEOUT_S`` (default 300 s);
+    returns :func:`ebsp_mpi.runtime.launch.run_mpi`.
+
+    A rank can wait in ``MPI_Init`` forever, printing nothing: a requeued Slurm job whose ranks meet the
+    shared memory its killed first start left behind (slurm/README.md), or a process manager that never
+    answers. No Python signal handler runs while the main thread is inside the MPI library, but
+    faulthandler's watchdog thread does: past the limit it prints where the rank was and exits with code
+    1, and the launcher ends the job.
+    """
+    import faulthandler
+
+    text = os.environ.get(MPI_INIT_TIMEOUT_ENV, "")
+    try:
+        timeout = float(text) if text else MPI_INIT_TIMEOUT_S
+    except ValueError:
+        timeout = -1.0
+    if not 0 <= timeout < float("inf"):
+        raise UsageError(f"{MPI_INIT_TIMEOUT_ENV} = {text!r}: expected seconds (0: no limit)")
+    armed = bool(timeout) and sys.__stderr__ is not None
+    if armed:  # the process's own stderr: a file descriptor, which faulthandler's thread writes to
+        faulthandler.dump_traceback_later(timeout, exit=True, file=sys.__stderr__)
+    try:
+        from .runtime.launch import run_mpi
+    finally:
+        if armed:
+            faulthandler.cancel_dump_traceback_later()
+    return run_mpi
+
+
 def _train(args) -> int:
     from .runtime.env import world_size_from_env
     from .runtime.faults import FAULT_ENV, parse_fault
@@ -148,8 +215,7 @@ def _train(args) -> int:
     _check_on_demand_layers(job, world_size)
     out = args.resume or args.out
     if world_size > 1:
-        from .runtime.launch import run_mpi
-
+        run_mpi = _start_mpi()
         return run_mpi(job, out, show_progress=not args.quiet, resume=bool(args.resume))
 
     from . import local
