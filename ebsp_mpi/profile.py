@@ -86,7 +86,7 @@ def run_profile(job, args) -> dict:
     from . import build
     from .backend import resolve_backend
     from .errors import UsageError
-    from .plan.osdp_files import PROFILE_FORMAT, PROFILE_VERSION, model_identity, model_layers
+    from .plan.osdp_files import PROFILE_FORMAT, PROFILE_VERSION, check_batches_fit, model_identity, model_layers
 
     batch_sizes = parse_batch_sizes(args.batch_sizes) if args.batch_sizes else [job.data.batch_size]
     splits = parse_splits(args.splits)
@@ -98,6 +98,8 @@ def run_profile(job, args) -> dict:
     network["overlap"] = args.overlap == "yes" if args.overlap else backend.name == "cupy"
     ds = build.dataset(job)
     model = build.model(job, ds, xp=backend.xp)
+    given = f"--batch-sizes {args.batch_sizes}" if args.batch_sizes else f"data.batch_size = {job.data.batch_size}"
+    check_batches_fit(model, batch_sizes, given)  # one line, not a MemoryError at the first step
     layers = model_layers(model)
     for entry in layers:
         entry["forward_s"], entry["backward_s"] = [], []

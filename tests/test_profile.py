@@ -10,7 +10,8 @@ import pytest
 from ebsp_mpi import build
 from ebsp_mpi.cli import main
 from ebsp_mpi.config import load_job
-from ebsp_mpi.plan.osdp_files import OsdpFileError, model_layers, network_from_bench, read_plan, read_profile
+from ebsp_mpi.plan.osdp_files import (PLAN_FORMAT, VERSION, OsdpFileError, model_layers, network_from_bench, read_plan,
+                                      read_profile)
 from cliutil import one_line_error
 
 JOB = ["--set", "data.name=synthetic", "--set", "data.synthetic_samples=200", "--set", "model.hidden=[48,48]",
@@ -191,3 +192,42 @@ def test_memory_limit_stops_a_run_that_needs_more(capsys, tmp_path, profile_file
     assert "osdp.memory_limit" in one_line_error(capsys, [*run, "--set", "osdp.memory_limit=lots",
                                                           "--out", str(tmp_path / "r3")])
 
+
+
+@pytest.mark.parametrize("command", [["profile"], ["plan", "--memory-limit", "1GB"]])
+def test_a_batch_size_no_memory_holds_is_one_line(capsys, tmp_path, command):
+    """10**8 samples of the digits (64 values each) need tens of GiB before any layer runs."""
+    line = one_line_error(capsys, [*command, *JOB, "-q", "--out", str(tmp_path / "out.json"),
+                                   "--batch-sizes", "8,100000000"])
+    assert "--batch-sizes 8,100000000: a step at batch 100000000 needs at least" in line
+    assert "GiB" in line and "memory" in line
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("slice_rows", ["a", "b", "c", "d"], "needs slice_rows, one integer >= 1 per slice"),
+    ("slice_rows", [16.0, 16.0, 16.0, 16.0], "needs slice_rows, one integer >= 1 per slice"),
+    ("slice_rows", [None, None, None, None], "needs slice_rows, one integer >= 1 per slice"),
+    ("slice_rows", [True, 31, 16, 16], "needs slice_rows, one integer >= 1 per slice"),
+    ("slice_rows", "64", "needs slice_rows, one integer >= 1 per slice"),
+    ("tensors", None, "needs tensors, a list of tensor names"),
+    ("buffer_bytes", "4096", "buffer_bytes must be an integer >= 0"),
+    ("predicted", {"peak_bytes": "lots"}, "predicted must hold numbers >= 0"),
+])
+def test_a_plan_file_with_values_of_the_wrong_type_is_one_line(capsys, tmp_path, key, value, words):
+    """Each value a worker computes with is checked when the plan is read: a string, a float or null
+    where a count belongs would otherwise end the run in a traceback (a TypeError in sum())."""
+    plan = {"format": PLAN_FORMAT, "version": VERSION, "batch_size": 8, "buffer_bytes": 8192,
+            "predicted": {"peak_bytes": 1000, "iteration_s": 0.001, "samples_per_s": 8000.0},
+            "layers": [{"name": "dense1", "tensors": ["dense1.W", "dense1.b"], "params": 64 * 48 + 48,
+                        "mode": "on-demand", "slices": 4, "slice_rows": [16, 16, 16, 16]}]}
+    if key in ("buffer_bytes", "predicted"):
+        plan[key] = value
+    else:
+        plan["layers"][0][key] = value
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    with pytest.raises(OsdpFileError, match=words):
+        read_plan(path)
+    line = one_line_error(capsys, ["train", *JOB, "--set", f"osdp.plan={path}", "--set", "stop.iterations=1", "-q",
+                                   "--out", str(tmp_path / "run")])
+    assert words in line and str(path) in line

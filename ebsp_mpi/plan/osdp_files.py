@@ -76,6 +76,29 @@ def model_layers(model) -> list[dict]:
     return out
 
 
+def check_batches_fit(model, batch_sizes: Sequence[int], where: str = "--batch-sizes") -> None:
+    """Refuse, in one line, a batch size whose profiled step cannot fit in this machine's memory: its
+    random inputs (drawn in float64, kept in the model's dtype) and the input each layer keeps for its
+    backward pass, a lower bound of what the step allocates.
+
+    Raises
+    ------
+    OsdpFileError
+        Naming the batch size, the bytes and the memory.
+    """
+    from ..data.memory import exceeds_memory, format_bytes, memory_phrase
+
+    itemsize = int(model.space.dtype.itemsize)
+    inputs = math.prod(model.in_shape) * (8 + itemsize)
+    kept = sum(math.prod(layer.in_shape) for layer in model.layers) * itemsize
+    for b in sorted(batch_sizes, reverse=True):
+        need = b * (inputs + kept)
+        if exceeds_memory(need):
+            raise OsdpFileError(f"{where}: a step at batch {b} needs at least {format_bytes(need)} (its inputs and "
+                                f"the activations the layers keep), more than {memory_phrase()}; give smaller "
+                                f"batch sizes")
+
+
 def model_identity(model) -> dict:
     return {"kind": model.kind, "in_shape": list(model.in_shape), "num_classes": model.num_classes,
             "params": int(model.space.size)}
@@ -249,8 +272,22 @@ def read_plan(path: str | Path, where: str = "osdp.plan") -> dict:
         if not ok:
             raise OsdpFileError(f"{at}: layers[{i}] needs name, params, mode (resident or on-demand) and slices "
                                 f"(>= 1; 1 when resident)")
-        if layer["mode"] == "on-demand" and len(layer.get("slice_rows", [])) != layer["slices"]:
-            raise OsdpFileError(f"{at}: layers[{i}] ({layer['name']}) needs slice_rows, one per slice")
+        if not (isinstance(layer.get("tensors"), list) and all(isinstance(t, str) for t in layer["tensors"])):
+            raise OsdpFileError(f"{at}: layers[{i}] ({layer['name']}) needs tensors, a list of tensor names "
+                                f"(found {_shown(layer.get('tensors'))})")
+        rows = layer.get("slice_rows", [])
+        if layer["mode"] == "on-demand" and not (isinstance(rows, list) and len(rows) == layer["slices"]
+                                                 and all(_count(r) for r in rows)):
+            raise OsdpFileError(f"{at}: layers[{i}] ({layer['name']}) needs slice_rows, one integer >= 1 per "
+                                f"slice ({layer['slices']}; found {_shown(rows)})")
+    if "buffer_bytes" in doc and not _count(doc["buffer_bytes"], least=0):
+        raise OsdpFileError(f"{at}: buffer_bytes must be an integer >= 0 (found {_shown(doc['buffer_bytes'])})")
+    predicted = doc.get("predicted", {})
+    wrong = [key for key in ("peak_bytes", "iteration_s", "samples_per_s") if key in predicted
+             and not _positive(predicted[key], zero=True)] if isinstance(predicted, dict) else ["predicted"]
+    if wrong:
+        raise OsdpFileError(f"{at}: predicted must hold numbers >= 0 (peak_bytes, iteration_s, samples_per_s); "
+                            f"{wrong[0]} is not")
     return doc
 
 
@@ -306,6 +343,17 @@ def _times(values, n: int) -> bool:
 def _positive(v, zero: bool = False) -> bool:
     return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
             and (v >= 0 if zero else v > 0))
+
+
+def _count(v, least: int = 1) -> bool:
+    """An integer (not a bool, not a float) >= `least`."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= least
+
+
+def _shown(value) -> str:
+    """A value from a file, shortened for a one-line message."""
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _names(pairs) -> str:
