@@ -13,7 +13,7 @@ import pytest
 
 from ebsp_mpi.config import SyncConfig, load_job, to_dict
 from ebsp_mpi.outputs import SUMMARY_KEYS
-from ebsp_mpi.sim.workers import JITTER_BLOCK, ModelWorkers
+from ebsp_mpi.sim.workers import JITTER_BLOCK, NOMINAL_BASE_S, ModelWorkers
 from ebsp_mpi.straggler import SlowPhase, StragglerModel, straggler_model
 from ebsp_mpi.sync.bsp import BSP
 from ebsp_mpi.sync.dssp import DSSP
@@ -169,7 +169,7 @@ def test_a_sweep_of_simulations_writes_its_scaling_table(tmp_path):
     (["--workers", "0", "--iterations", "5"], "--workers 0: needs at least 1 worker"),
     (["--workers", "2"], "give --iterations K"),
     (["--iterations", "5"], "how many workers"),
-    (["--workers", "2", "--iterations", "5", "--set", "straggler.base_s=0"], "straggler.base_s"),
+    (["--workers", "2", "--iterations", "5", "--set", "straggler.enabled=false"], "straggler.enabled = false"),
     (["--workers", "2", "--iterations", "5", "--set", "straggler.base_s=0.01", "--set", "straggler.slowdown=[1, 2, 3]"],
      "simulate with 2 workers: straggler.slowdown has 3 entries"),
     (["--workers", "2", "--iterations", "5", "--set", "straggler.base_s=0.01", "--set",
@@ -202,6 +202,32 @@ def test_bench_simulate_prints_each_policy_against_the_bare_loop(tmp_path):
     assert {r["case"].split(" ")[0] for r in records} == {"bsp", "asp", "ssp(s=3)", "dssp(s=3,r=3)",
                                                           "elasticbsp(R=15)", "psp(β=2,s=3)"}
     assert all(r["reference"] == "bare heapq loop" and r["ratio"] > 0 for r in records)
+
+
+def test_the_default_job_simulates_with_a_nominal_iteration_time(tmp_path):
+    """The default job has straggler.base_s = 0 (a live worker's iteration is its real compute, which a
+    simulation does not have): the virtual workers take NOMINAL_BASE_S instead, and the run says so."""
+    p = simulate_cli(tmp_path / "sim", "--workers", "3", "--iterations", "4", "--set", "sync.model=elasticbsp",
+                     "--set", "straggler.slowdown=[1, 1, 2]")
+    assert p.returncode == 0, p.stderr
+    summary = json.loads((tmp_path / "sim" / "summary.json").read_text())
+    assert summary["iterations"] == [4, 4, 4] and f"taken as {NOMINAL_BASE_S} s" in summary["simulation"]["source"]
+    it = read_run(tmp_path / "sim")[3].table("iterations")  # worker 2, twice as slow
+    assert np.allclose(it["injected_delay_s"], 2 * NOMINAL_BASE_S)
+    workers = ModelWorkers(straggler_model(load_job(None, ["straggler.base_s=0.02"]).straggler, 2, 0))
+    assert workers.interval(1, 0, 0.0) == 0.02 and workers.source == "straggler model"  # a base_s of its own
+
+
+def test_iterations_count_when_every_stop_key_of_the_job_is_0(tmp_path):
+    """--iterations K is the job's stop.iterations, so a job that sets no stop at all is complete with it
+    (the job's own check used to refuse it first); the run's config says how it ran."""
+    p = simulate_cli(tmp_path / "sim", "--workers", "2", "--iterations", "6", "--set", "stop.epochs=0",
+                     "--set", "straggler.base_s=0.01")
+    assert p.returncode == 0, p.stderr
+    summary = json.loads((tmp_path / "sim" / "summary.json").read_text())
+    assert summary["iterations"] == [6, 6] and summary["config"]["stop"] == {"iterations": 6, "epochs": 0.0,
+                                                                             "seconds": 0.0}
+    assert simulate_cli(tmp_path / "none", "--workers", "2", "--set", "stop.epochs=0").returncode == 2
 
 
 def test_the_job_of_a_live_run_with_its_straggler_section_builds_model_workers():

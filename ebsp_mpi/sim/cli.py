@@ -7,9 +7,10 @@
     python -m ebsp_mpi simulate --sweep jobs/simulations/scaling.toml --out /tmp/scaling
 
 ``JOB`` and ``--set`` as for ``train``. The iteration times come from the job's straggler model
-(``straggler.base_s`` and the rest), or with ``--replay`` from a recorded run's traces. The run stops
-after ``--iterations`` (else ``stop.iterations``) pushes per worker, or at ``stop.seconds``. The output
-is a run directory that ``report``, ``compare`` and ``timeline`` read as they read ``train``'s.
+(``straggler.base_s`` and the rest; ``base_s = 0`` is taken as 10 ms), or with ``--replay`` from a
+recorded run's traces. The run stops after ``--iterations`` (else ``stop.iterations``) pushes per
+worker, or at ``stop.seconds``. The output is a run directory that ``report``, ``compare`` and
+``timeline`` read as they read ``train``'s.
 """
 
 from __future__ import annotations
@@ -56,8 +57,6 @@ def main(args) -> int:
     workers = _workers(args, job)
     # the run's job says how it ran (a replay of this run then runs the same)
     job.sync.workers = workers
-    if args.iterations is not None:
-        job.stop.iterations = args.iterations
 
     from ..outputs import make_run_dir, remove_if_unused
     from .run import describe, simulate_job
@@ -74,13 +73,19 @@ def main(args) -> int:
 
 
 def _job(args):
-    """The job: JOB with --set; with --replay and no JOB, the replayed run's own job with --set."""
+    """The job: JOB with --set; with --replay and no JOB, the replayed run's own job with --set.
+
+    ``--iterations K`` is one more override, ``stop.iterations=K``, applied before the job is validated:
+    a job whose ``stop.*`` are all 0 is complete with it."""
     from ..config import apply_overrides, job_from_dict, load_job
 
+    overrides = list(args.overrides)
+    if args.iterations is not None:
+        overrides.append(f"stop.iterations={args.iterations}")
     if args.job or not args.replay:
-        return load_job(args.job, args.overrides)
+        return load_job(args.job, overrides)
     config = _replayed_config(Path(args.replay))
-    return apply_overrides(job_from_dict(config, f"--replay {args.replay}"), args.overrides)
+    return apply_overrides(job_from_dict(config, f"--replay {args.replay}"), overrides)
 
 
 def _replayed_config(run_dir: Path) -> dict:

@@ -13,7 +13,9 @@ Two sources:
 - :class:`ModelWorkers`: the job's straggler model (``[straggler]``: ``base_s``, ``slowdown``,
   ``jitter_sigma``, ``phases``) with no real compute: an iteration is all emulated compute,
   ``base_s · slowdown[w] · phase(w, t) · J(w, k)`` with the same seeded jitter ``J`` as a live worker
-  (:class:`ebsp_mpi.straggler.StragglerModel`) and the slow phases by run time.
+  (:class:`ebsp_mpi.straggler.StragglerModel`) and the slow phases by run time. A job with
+  ``base_s = 0`` (the default: a live worker's iteration is then its real compute, which a simulation
+  does not have) is simulated with :data:`NOMINAL_BASE_S` in its place.
 - :class:`ReplayWorkers`: a recorded run's own phases (``--replay RUN_DIR``), measured on the server's
   clock, cycled when the simulation runs longer than the recording; worker w replays the recorded
   worker ``w mod m`` of m.
@@ -34,6 +36,9 @@ from ..straggler import StragglerModel
 #: Iterations whose jitter draws come from one generator: as ``straggler._JITTER_BLOCK``, so that the
 #: draws equal the live workers' (tests/test_simulate.py checks it against ``StragglerModel.jitter``).
 JITTER_BLOCK = 1024
+#: Seconds of an iteration (before the slowdown, jitter and phases) when the job's ``straggler.base_s``
+#: is 0: the figure of the straggler study (jobs/stragglers/base.toml), so that the default job simulates.
+NOMINAL_BASE_S = 0.01
 
 
 @dataclass
@@ -55,12 +60,15 @@ class ModelWorkers:
     Parameters
     ----------
     model : StragglerModel
-        The job's model for these workers (:func:`ebsp_mpi.straggler.straggler_model`).
+        The job's model for these workers (:func:`ebsp_mpi.straggler.straggler_model`). With
+        ``base_s = 0`` the iterations are :data:`NOMINAL_BASE_S` times the same factors, and
+        :attr:`source` says so (it goes into the summary's ``simulation`` and the trace attributes).
 
     Raises
     ------
     UsageError
-        When the model gives iterations of no time (disabled, or ``base_s = 0``).
+        When the model is disabled (``straggler.enabled = false``): it then injects nothing into a live
+        run, and a simulation has nothing to take iteration times from.
     """
 
     #: interval() returns finite seconds >= 0 (the model's parameters were checked)
@@ -68,13 +76,17 @@ class ModelWorkers:
     source = "straggler model"
 
     def __init__(self, model: StragglerModel):
-        if not model.enabled or model.base_s <= 0:
-            raise UsageError("simulate: the straggler model gives iterations of 0 s (straggler.enabled = false or "
-                             "straggler.base_s = 0); set straggler.base_s, e.g. --set straggler.base_s=0.01, or "
-                             "--replay a recorded run")
+        if not model.enabled:
+            raise UsageError("simulate: straggler.enabled = false gives the virtual workers no iteration times; "
+                             "simulate with the straggler model on (straggler.base_s, slowdown, jitter_sigma, "
+                             "phases), or --replay a recorded run")
         self.model = model
         self.workers = model.workers
-        self._scale = [model.base_s * f for f in model.slowdown]
+        #: seconds of an iteration before the factors: the job's base_s, or NOMINAL_BASE_S for 0
+        self.base_s = model.base_s if model.base_s > 0 else NOMINAL_BASE_S
+        if model.base_s <= 0:
+            self.source = f"straggler model, straggler.base_s = 0 taken as {NOMINAL_BASE_S} s"
+        self._scale = [self.base_s * f for f in model.slowdown]
         self._phases = [tuple((p.t1, p.t2, p.factor) for p in model.phases if p.worker == w)
                         for w in range(model.workers)]
         self._blocks: list[tuple[int, array] | None] = [None] * model.workers
