@@ -85,7 +85,7 @@ class OptimConfig:
 @dataclass
 class SyncConfig:
     model: str = _opt("bsp", "synchronization model", choices=("bsp", "asp", "ssp", "dssp", "elasticbsp", "psp"))
-    workers: int = _opt(0, "workers; 0 = auto (world size 1: one worker; under MPI: world size - 1). At "
+    workers: int = _opt(0, "workers; 0 = auto (world size 1: one worker; under MPI: world size - runtime.servers). At "
                            "world size 1, n > 1 averages the batches n BSP workers would draw (the oracle)",
                         min=0)
     staleness: int = _opt(3, "SSP/DSSP/PSP: staleness bound s (iterations)", min=0)
@@ -119,8 +119,8 @@ class EvalConfig:
 @dataclass
 class StragglerConfig:
     enabled: bool = _opt(True, "false turns every injected slowdown off")
-    slowdown: list[float] = _opt([], "compute slowdown factor per worker (worker k is rank k+1); missing = 1",
-                                 gt=0.0)
+    slowdown: list[float] = _opt([], "compute slowdown factor per worker (worker k is rank k + runtime.servers); "
+                                     "missing = 1", gt=0.0)
     jitter_sigma: float = _opt(0.0, "sigma of log-normal jitter on each iteration's compute time", min=0.0)
     base_s: float = _opt(0.0, "seconds added to every iteration's compute (emulates a heavier model)", min=0.0)
     spread: float = _opt(1.0, "speeds spread log-uniformly over this ratio: worker k's slowdown times "

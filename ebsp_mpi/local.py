@@ -3,7 +3,7 @@
 With ``sync.workers = n`` each step draws the minibatches that n BSP workers would draw from their
 shards, computes each one's gradient, averages them with the BSP server's own function
 (:func:`ebsp_mpi.nn.average.round_mean`: summed in worker order, then scaled by 1/n) and applies one
-optimizer step. It is the oracle that BSP over MPI must match (DESIGN.md, "Synchronization models").
+optimizer step. It is the oracle that BSP over MPI must match (docs/design.md, "Synchronization models").
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Pure (no MPI, no arrays of weights): the worker loop asks :meth:`StragglerModel.delay` once per
 iteration, and a discrete-event simulator can use the same model for thousands of workers. See
-DESIGN.md "Stragglers".
+docs/design.md, "Stragglers".
 
 The module imports NumPy only where the jitter is drawn, so that the job schema (``config``, standard
 library only) validates a job's slow phases and per-worker factors with the same code that applies
@@ -30,7 +30,7 @@ class SlowPhase:
     Parameters
     ----------
     worker : int
-        0-based worker index (rank - 1).
+        0-based worker index (MPI rank worker + ``runtime.servers``).
     t1, t2 : float
         Start (inclusive) and end (exclusive) in run seconds; ``t2`` may be ``inf``.
     factor : float
@@ -78,7 +78,7 @@ class StragglerModel:
     Parameters
     ----------
     workers : int
-        Number of workers; ``worker`` arguments are 0-based indices (rank - 1).
+        Number of workers; ``worker`` arguments are 0-based worker indices.
     enabled : bool
         If False, :meth:`delay` is always 0 (parameters are still validated).
     slowdown : sequence of float
@@ -206,7 +206,7 @@ class StragglerModel:
         Parameters
         ----------
         worker : int
-            0-based worker index (rank - 1).
+            0-based worker index.
         iteration : int
             0-based iteration number of that worker.
         compute_s : float

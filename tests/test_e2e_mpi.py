@@ -32,8 +32,8 @@ def summary(run_dir: Path) -> dict:
     ("cnn", ["runtime.wait_free_backprop=false"]),
 ])
 def test_bsp_over_mpi_equals_the_single_process_oracle(kind, wire, tmp_path):
-    """DESIGN.md: BSP with n workers equals the reference trainer with sync.workers = n, however the
-    gradient and the weights are cut into messages and whenever they are sent."""
+    """docs/design.md, "Synchronization models": BSP with n workers equals the reference trainer with
+    sync.workers = n, however the gradient and the weights are cut into messages and whenever they are sent."""
     p = train(4, tmp_path / "mpi", f"model.kind={kind}", "straggler.enabled=false", *wire, *ORACLE)
     assert p.returncode == 0, p.stderr
     q = local(tmp_path / "oracle", f"model.kind={kind}", "sync.workers=3", *ORACLE)

@@ -1,4 +1,4 @@
-"""Sharded parameter servers (``runtime.servers = k``; DESIGN.md, "Sharded servers").
+"""Sharded parameter servers (``runtime.servers = k``; docs/design.md, "Sharded servers").
 
 The shard plan is pure and checked against brute force; the runs check the promises: BSP with k
 servers equals the single-process oracle and BSP with one server, every other sync model trains,
@@ -89,8 +89,8 @@ def oracle(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("wire", [["runtime.chunk_bytes=4096"], ["comm.hybrid=sfb"]], ids=["ps", "sfb"])
 def test_bsp_with_two_servers_equals_the_oracle_and_bsp_with_one_server(wire, oracle, tmp_path):
-    """DESIGN.md's release rule: under BSP every server answers with exactly the round, so BSP with k
-    servers equals BSP with one (and the oracle) up to float summation order."""
+    """The release rule (docs/design.md, "Sharded servers"): under BSP every server answers with exactly
+    the round, so BSP with k servers equals BSP with one (and the oracle) up to float summation order."""
     p = train(5, tmp_path / "two", "runtime.servers=2", *wire, *ORACLE, timeout=180)
     assert p.returncode == 0, p.stderr
     q = train(4, tmp_path / "one", *wire, *ORACLE, timeout=180)

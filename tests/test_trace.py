@@ -75,7 +75,7 @@ def test_round_trip_every_table_and_attrs(tmp_path):
     assert trace.attrs["clock_offset_s"] == -0.125
     assert trace.rank == 0 and trace.role == "server"
     assert trace.attrs["trace_schema_version"] >= 1
-    with h5py.File(path, "r") as h5:  # stored as the JSON attribute DESIGN names
+    with h5py.File(path, "r") as h5:  # stored as the JSON attribute schema.py names
         assert "config_json" in h5.attrs and "config" not in h5.attrs
 
 

@@ -214,12 +214,12 @@ def read_info(run_dir: str | os.PathLike) -> RunInfo:
 
 
 def model_rank(model: str) -> int:
-    """Position of a sync model in DESIGN.md's order (bsp, asp, ssp, dssp, elasticbsp); others last."""
+    """Position of a sync model in docs/design.md's order (bsp, asp, ssp, dssp, elasticbsp, psp); others last."""
     return POLICIES.index(model) if model in POLICIES else len(POLICIES)
 
 
 def ordered(runs: Iterable[RunInfo]) -> list[RunInfo]:
-    """Runs sorted by sync model (DESIGN.md's order), then label, then seed; stable otherwise."""
+    """Runs sorted by sync model (docs/design.md's order), then label, then seed; stable otherwise."""
     return sorted(runs, key=lambda r: (model_rank(r.model), r.label, -1 if r.seed is None else r.seed))
 
 

@@ -1,7 +1,7 @@
 """Refuse inputs with NaN or Inf when a dataset is loaded, not after training on them.
 
 A non-finite input makes every gradient of its batch non-finite; the server rejects such pushes
-(DESIGN.md, "Launch and failure"), so a run on such data trains nothing and says so only in its
+(docs/design.md, "Launch and failure"), so a run on such data trains nothing and says so only in its
 rejected-push count. One vectorised pass over the inputs at load time names the first bad sample.
 """
 

@@ -37,7 +37,7 @@ def shard_indices(num_samples: int, workers: int, worker: int) -> numpy.ndarray:
     workers : int
         Number of workers n >= 1.
     worker : int
-        This worker's index in ``[0, workers)`` (MPI rank - 1).
+        This worker's index in ``[0, workers)`` (MPI rank worker + ``runtime.servers``).
 
     Returns
     -------

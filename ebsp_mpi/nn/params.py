@@ -1,7 +1,7 @@
 """``ParamSpace``: every parameter of a model in one contiguous buffer, each tensor a named view.
 
 A push or a pull is then the whole buffer or a list of per-tensor slices of it, with no packing
-copies (see DESIGN, "Parameters on the wire"). Gradients live in a second buffer with the same layout,
+copies (docs/design.md, "Parameters on the wire"). Gradients live in a second buffer with the same layout,
 so a layer's gradient slice can be pushed the moment its backward pass has written it (Poseidon's
 wait-free backpropagation, Zhang et al., USENIX ATC 2017, section 3.1).
 """

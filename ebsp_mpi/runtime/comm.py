@@ -305,7 +305,7 @@ def _measure_clock_offset(comm: MPI.Comm) -> float:
 
 
 def open_rank_trace(ctx: Context, job, run_dir, *, role: str, backend: str, device: str, append: bool = False):
-    """This rank's trace file in `run_dir`, with the root attributes every rank writes (DESIGN.md,
+    """This rank's trace file in `run_dir`, with the root attributes every rank writes (docs/design.md,
     "Run outputs"): run id, rank, role, world size, host, pid, backend, device, MPI library, package
     version, the resolved job and the clock offset to rank 0. With `append` (a resumed run), the
     rank's file is continued."""

@@ -1,4 +1,4 @@
-"""Poseidon's hybrid communication on the wire (``comm.hybrid``; DESIGN.md, "Hybrid communication").
+"""Poseidon's hybrid communication on the wire (``comm.hybrid``; docs/design.md, "Hybrid communication").
 
 The plan (``ebsp_mpi.plan.hybcomm``, made the same on every rank from the job) names the dense layers
 whose weight gradient travels as *sufficient factors* (SFB): a worker's ``V`` (its input to the layer,

@@ -1,6 +1,6 @@
 """Entry of ``mpiexec -n N python -m ebsp_mpi train``: set up, run the role of this rank, shut down.
 
-Failure handling (DESIGN.md, "Launch and failure"):
+Failure handling (docs/design.md, "Launch and failure"):
 
 - during set-up (loading the dataset, building the model, opening traces) every rank reports its
   outcome in one nonblocking ``Iallgather``, polled, so that a rank dying meanwhile still aborts the

@@ -1,6 +1,6 @@
 """A simulated run: the job's sync policy driven by virtual workers, written as a run directory.
 
-The run directory has the layout and schema of ``train``'s (DESIGN.md "Run outputs"), so ``report``,
+The run directory has the layout and schema of ``train``'s (docs/design.md, "Run outputs"), so ``report``,
 ``compare`` and ``timeline`` read it unchanged:
 
 - ``summary.json`` with every key of :data:`ebsp_mpi.outputs.SUMMARY_KEYS` (``backend`` is

@@ -1,6 +1,6 @@
 """HDF5 traces of a run: one file per rank, written as the run goes and read back for analysis.
 
-See DESIGN.md "Run outputs". :mod:`.schema` holds the table dtypes, :mod:`.writer` the per-rank
+See docs/design.md, "Run outputs". :mod:`.schema` holds the table dtypes, :mod:`.writer` the per-rank
 writer, :mod:`.reader` the numpy-level reader.
 """
 

@@ -11,7 +11,7 @@ All times (``t*`` fields) are seconds since the run's start on rank 0's clock: a
 local clock with the offset it measured at start-up (root attribute ``clock_offset_s``). Versions
 count optimizer steps applied to the global model; iterations count a worker's pushes.
 
-Root attributes (see DESIGN.md "Run outputs"): ``run_id``, ``rank``, ``role`` (``"server"`` or
+Root attributes (docs/design.md, "Run outputs"): ``run_id``, ``rank``, ``role`` (``"server"`` or
 ``"worker"``), ``world_size``, ``host``, ``backend``, ``device``, ``mpi_library``,
 ``package_version``, ``config`` (the resolved job config, stored as the JSON string ``config_json``)
 and ``clock_offset_s``. The writer adds ``trace_schema_version``.
