@@ -14,7 +14,7 @@ import pytest
 
 from ebsp_mpi.cli import main
 from ebsp_mpi.nn.model import build_model
-from ebsp_mpi.plan import osdp
+from ebsp_mpi.plan import osdp, osdp_authors
 from ebsp_mpi.plan.osdp import ON_DEMAND, RESIDENT, Block, CostModel, Infeasible
 from ebsp_mpi.plan.osdp_files import OsdpFileError, check_plan, model_layers, plan_document, read_plan, write_json
 from ebsp_mpi.plan.sizes import parse_size
@@ -255,6 +255,62 @@ def test_authors_rule_is_not_the_best_throughput(capsys):
     assert math.isclose(out["samples_per_s"], 2 / out["time_s"])
     none = authors(capsys, "--blocks", 48, "--hidden", 2048, "--memory-mb", 8192)
     assert none["feasible"] is False and none["authors_rule_row"] is None  # only row 0 fits; it has no batch
+
+
+def brute_force_authors(blocks: int, mem: list[int], time: list[float], budget: int):
+    """Every split of `blocks` into four counts, in order: the first of least summed time that fits."""
+    best = None
+    for counts in itertools.product(range(blocks + 1), repeat=3):
+        if sum(counts) > blocks:
+            continue
+        counts = (*counts, blocks - sum(counts))
+        if sum(n * m for n, m in zip(counts, mem, strict=True)) > budget:
+            continue
+        total = math.fsum(n * t for n, t in zip(counts, time, strict=True))
+        if best is None or total < best[0]:
+            best = (total, counts)
+    return best
+
+
+def one_row_profile(mem: list[int], time: list[float], hidden: int = 512) -> dict:
+    return {"hidden_sizes": [hidden], "mem_mb": [[mem]], "time_s": [[time]], "extra_overhead_mb": 0}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_authors_solver_equals_brute_force(seed):
+    """The O(B²) search against every split; times in eighths (exact in binary), so that ties are
+    ties for both, and the brute force's first is the fewest blocks at strategy 0, then 1, then 2."""
+    rng = random.Random(seed)
+    blocks = rng.randint(1, 14)
+    mem = [rng.randint(0, 12) for _ in range(4)]
+    time = [rng.randint(0, 6) / 8 if seed % 2 else rng.uniform(0.01, 1.0) for _ in range(4)]
+    budget = rng.randint(0, blocks * max(mem) + 2)
+    got = osdp_authors.solve(one_row_profile(mem, time), blocks, 512, budget, 0)
+    expected = brute_force_authors(blocks, mem, time, budget)
+    if expected is None:
+        assert not got.feasible
+    else:
+        assert got.feasible and got.counts == expected[1] and got.time_s == expected[0]
+
+
+@pytest.mark.timeout(120)
+def test_the_authors_problem_with_thousands_of_blocks_is_solved_and_more_refused(capsys, tmp_path):
+    """The cubic search ran for minutes at 800 blocks and hung at 10**9; the O(B²) one plans up to
+    MAX_BLOCKS and refuses more in one line. Time against memory is strictly convex here (10 MB more
+    saves 2, 1.5, then 0.5 ms), so at 25 MB a block the one best split is half at 20 MB and half at 30 MB,
+    as the brute force finds at 8 blocks."""
+    mem, time = [40, 30, 20, 10], [0.01, 0.015, 0.03, 0.05]
+    assert brute_force_authors(8, mem, time, 25 * 8)[1] == (0, 4, 4, 0)
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(one_row_profile(mem, time)))
+    blocks = osdp_authors.MAX_BLOCKS
+    assert main(["plan", "--osdp-profile", str(profile), "--blocks", str(blocks), "--hidden", "512",
+                 "--memory-mb", str(25 * blocks), "--row", "0", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["strategy_counts"] == {"s0": 0, "s1": blocks // 2, "s2": blocks // 2, "s3": 0}
+    line = one_line_error(capsys, ["plan", "--osdp-profile", str(profile), "--blocks", "1000000000", "--hidden",
+                                   "512", "--memory-mb", "8192"])
+    assert f"--blocks 1000000000: plans 1 to {blocks} blocks" in line
 
 
 # -- one-line errors ------------------------------------------------------------------------------
