@@ -1,4 +1,11 @@
-"""Per-rank HDF5 trace writer: rows buffered in memory, written in chunks, flushed on a timer.
+"""Per-rank HDF5 trace writer: rows buffered in memory, written in chunks, flushed on a timer or when a
+table's buffer is full.
+
+What a rank holds for its trace never grows with the run: each table's buffer has a fixed number of
+rows (:data:`_BUFFER_ROWS`, allocated when the writer is made), and a full one is flushed instead of
+grown; rows are written through h5py's low-level calls, which leave no cyclic garbage behind (the
+high-level ``dataset[a:b] = rows`` left some 150 bytes per flush for the cycle collector, which the
+peak memory of an OSDP worker counted as growth).
 
 File settings, and why:
 
@@ -29,13 +36,14 @@ from typing import Any
 
 import h5py
 import numpy as np
+from h5py import h5s
 
 from ..errors import OutputError
 from ..safe_text import clean_text, clean_tree
 from .schema import SCHEMA_VERSION, TABLES
 
-#: Rows a table's in-memory buffer holds before its first growth.
-_INITIAL_ROWS = 256
+#: Rows a table's in-memory buffer holds; a full buffer is flushed (with every other table's rows).
+_BUFFER_ROWS = 1024
 #: Target bytes of one HDF5 chunk of a table.
 _CHUNK_BYTES = 64 * 1024
 
@@ -74,21 +82,15 @@ def _attr_value(key: str, value: Any) -> tuple[str, Any]:
 
 
 class _TableBuffer:
-    """Rows of one table waiting to be written: a structured array and a fill count."""
+    """Rows of one table waiting to be written: a structured array of fixed length and a fill count."""
 
     __slots__ = ("count", "dtype", "names", "rows")
 
     def __init__(self, dtype: np.dtype):
         self.dtype = dtype
         self.names = dtype.names
-        self.rows = np.zeros(_INITIAL_ROWS, dtype=dtype)
+        self.rows = np.zeros(_BUFFER_ROWS, dtype=dtype)
         self.count = 0
-
-    def grow(self) -> None:
-        # Doubling keeps appends amortized O(1) however long the flush interval is.
-        bigger = np.zeros(2 * len(self.rows), dtype=self.dtype)
-        bigger[: self.count] = self.rows[: self.count]
-        self.rows = bigger
 
 
 class TraceWriter:
@@ -110,8 +112,8 @@ class TraceWriter:
 
     Notes
     -----
-    :meth:`append` only copies the row into a preallocated in-memory array (no HDF5 call), so it
-    is cheap enough for the server's message loop. Tables are created on first flush of a row as
+    :meth:`append` only copies the row into a preallocated in-memory array (no HDF5 call, except the
+    flush of a full buffer), so it is cheap enough for the server's message loop. Tables are created on first flush of a row as
     chunked datasets with ``maxshape=(None,)``. The file is readable after a SIGKILL up to the
     last flush; see the module docstring for the HDF5 settings that make this so.
     """
@@ -188,7 +190,7 @@ class TraceWriter:
         elif fields:
             raise TypeError("append: give the row as a tuple or as keyword fields, not both")
         if buf.count == len(buf.rows):
-            buf.grow()
+            self.flush()  # instead of a larger buffer: the memory stays what it was at the start
         buf.rows[buf.count] = row
         buf.count += 1
 
@@ -256,9 +258,12 @@ class TraceWriter:
                 name, shape=(0,), maxshape=(None,), chunks=(chunk_rows,), dtype=buf.dtype
             )
             self._datasets[name] = ds
-        start = ds.shape[0]
-        ds.resize((start + buf.count,))
-        ds[start:] = buf.rows[: buf.count]
+        # the low-level calls: dataset[a:b] = rows leaves cyclic garbage at every flush (see the docstring)
+        start, count = ds.id.shape[0], buf.count
+        ds.id.set_extent((start + count,))
+        file_space = ds.id.get_space()
+        file_space.select_hyperslab((start,), (count,))
+        ds.id.write(h5s.create_simple((count,)), file_space, buf.rows[:count])
         buf.count = 0
 
     def close(self) -> None:
