@@ -1,6 +1,7 @@
 """Backend choice and what the launcher's environment tells a process (no MPI initialised)."""
 
 import io
+import os
 import sys
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 from ebsp_mpi.backend import BackendError, cupy_status, resolve_backend
 from ebsp_mpi.progress import Progress
 from ebsp_mpi.errors import UsageError
+from ebsp_mpi.runtime import env as launch
 from ebsp_mpi.runtime.env import (BLAS_THREAD_VARS, cap_blas_threads, find_mpiexec, limit_threads_under_mpi,
                                   rank_from_env, world_size_from_env)
 
@@ -80,6 +82,57 @@ def test_mpiexec_is_the_option_then_env_then_beside_python_then_path(tmp_path, m
     assert find_mpiexec(None, env={"PATH": str(on_path)}) == [str(on_path / "mpiexec")]
     with pytest.raises(UsageError, match="--mpiexec"):
         find_mpiexec(None, env={"PATH": str(tmp_path / "empty")})
+
+
+def fake_launcher(tmp_path: Path, name: str, says: str) -> list[str]:
+    """A launcher that prints `says` for --version (what each MPI's mpiexec prints first)."""
+    path = tmp_path / name
+    path.write_text(f"#!/bin/sh\necho '{says}'\n")
+    path.chmod(0o755)
+    return [str(path)]
+
+
+@pytest.mark.parametrize("says, kind", [
+    ("mpiexec (Open MPI) 5.0.11", launch.OPEN_MPI),
+    ("mpirun (Open MPI) 4.1.6", launch.OPEN_MPI),
+    ("mpiexec (OpenRTE) 4.1.2", launch.OPEN_MPI),
+    ("HYDRA build details:", launch.MPICH),
+    ("slurm 23.11.4", None),
+])
+def test_the_launcher_says_which_mpi_it_starts(says, kind, tmp_path):
+    assert launch.mpi_implementation(fake_launcher(tmp_path, "mpiexec", says)) == kind
+    assert launch.mpi_implementation([str(tmp_path / "missing")]) is None
+
+
+def test_open_mpi_gets_oversubscribe_only_beyond_the_cores_and_only_once(tmp_path):
+    ompi = fake_launcher(tmp_path, "ompi", "mpiexec (Open MPI) 5.0.11")
+    cores = launch.physical_cores()
+    assert 1 <= cores <= (os.cpu_count() or 1)
+    assert launch.launch_command(ompi, cores) == [*ompi, "-n", str(cores)]
+    assert launch.launch_command(ompi, cores + 1) == [*ompi, "--oversubscribe", "-n", str(cores + 1)]
+    assert launch.launch_flags([*ompi, "--oversubscribe"], cores + 1) == []
+    assert launch.launch_flags(ompi, cores + 1, survivors_speak=True) == ["--oversubscribe"]
+
+
+def test_mpich_gets_disable_auto_cleanup_only_for_the_survivors_to_speak(tmp_path):
+    hydra = fake_launcher(tmp_path, "hydra", "HYDRA build details:")
+    assert launch.launch_flags(hydra, 64) == []
+    assert launch.launch_flags(hydra, 2, survivors_speak=True) == ["-disable-auto-cleanup"]
+    srun = fake_launcher(tmp_path, "srun", "slurm 23.11.4")
+    assert launch.launch_command(srun, 64, survivors_speak=True) == [*srun, "-n", "64"]
+
+
+def test_open_mpi_run_by_root_is_allowed_in_the_launched_environment_only(tmp_path, monkeypatch):
+    ompi = fake_launcher(tmp_path, "ompi", "mpiexec (Open MPI) 5.0.11")
+    hydra = fake_launcher(tmp_path, "hydra", "HYDRA build details:")
+    mine = {"PATH": "/bin"}
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    got = launch.launch_env(ompi, mine)
+    assert got == {"PATH": "/bin", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    assert mine == {"PATH": "/bin"}  # a copy: the caller's environment is left alone
+    assert launch.launch_env(hydra, mine) == mine
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert launch.launch_env(ompi, mine) == mine
 
 
 def test_progress_writes_plain_lines_off_a_terminal():

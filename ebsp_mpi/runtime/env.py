@@ -1,5 +1,6 @@
 """The launch environment, read and set without initialising MPI: what the launcher tells a process
-(world size, rank), the one cap on BLAS threads, and the one way to find ``mpiexec``.
+(world size, rank), the one cap on BLAS threads, and the one way to find ``mpiexec`` and to launch
+with it (the flags and environment that MPICH's and Open MPI's launchers each need).
 
 The CLI decides between the single-process trainer and the MPI runtime before importing mpi4py, so a
 plain ``python -m ebsp_mpi train`` never needs a working MPI library. Standard library only: the entry
@@ -8,9 +9,11 @@ point, the sweep runner, the tests and the benchmark scripts call this before Nu
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -97,3 +100,85 @@ def find_mpiexec(given: str | None = None, env=None) -> list[str]:
         return [found]
     raise UsageError("no mpiexec found next to this Python or on PATH; install an MPI "
                      "(pip install -e '.[mpich]') or name one with --mpiexec CMD or MPIEXEC=CMD")
+
+
+#: what :func:`mpi_implementation` tells apart
+OPEN_MPI, MPICH = "Open MPI", "MPICH"
+#: Open MPI's launcher refuses to run as root unless both are set (``--allow-run-as-root`` in one flag)
+OPEN_MPI_ROOT_VARS = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")
+
+
+def mpi_implementation(mpiexec: list[str]) -> str | None:
+    """Which MPI the launcher `mpiexec` starts, from what ``MPIEXEC --version`` prints: :data:`OPEN_MPI`
+    (``mpiexec (Open MPI) 5.0.11``; Open MPI 4 says ``(OpenRTE)``), :data:`MPICH` (Hydra, the launcher
+    of MPICH, Intel MPI and MVAPICH), or None (``srun``, another launcher, or one that fails to say)."""
+    return _implementation(tuple(mpiexec))
+
+
+@functools.lru_cache(maxsize=8)
+def _implementation(mpiexec: tuple[str, ...]) -> str | None:
+    try:
+        p = subprocess.run([*mpiexec, "--version"], capture_output=True, text=True, timeout=30,
+                           stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    text = p.stdout + p.stderr
+    if "Open MPI" in text or "OpenRTE" in text:
+        return OPEN_MPI
+    if "HYDRA" in text:
+        return MPICH
+    return None
+
+
+def physical_cores() -> int:
+    """The cores (not hardware threads) of the CPUs this process may run on: what Open MPI counts as
+    the slots of a machine without a host file or a resource manager. Where the topology cannot be
+    read (no /sys), every CPU counts as a core."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    cores = set()
+    for cpu in cpus:
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            cores.add(((topology / "physical_package_id").read_text().strip(),
+                       (topology / "core_id").read_text().strip()))
+        except OSError:
+            return len(cpus)
+    return len(cores)
+
+
+def launch_flags(mpiexec: list[str], ranks: int, *, survivors_speak: bool = False) -> list[str]:
+    """The flags that `mpiexec` needs, before ``-n``, to start `ranks` ranks of this program.
+
+    - Open MPI refuses more ranks than the machine has cores unless given ``--oversubscribe`` (MPICH
+      starts them); it is added when `ranks` exceeds :func:`physical_cores` and `mpiexec` lacks it.
+    - `survivors_speak`: when a rank dies, let the others live long enough to name it. MPICH's Hydra
+      kills every rank at once and prints one PID that need not be the dead rank's; with
+      ``-disable-auto-cleanup`` it sends the survivors SIGUSR1 instead, and the server names the dead
+      rank (``runtime/comm.py``). Open MPI's launcher names the dead rank itself
+      (``prterun noticed that process rank 2 with PID ... exited on signal 9``) and needs nothing.
+    """
+    kind = mpi_implementation(mpiexec)
+    flags = []
+    if kind == OPEN_MPI and ranks > physical_cores() and "--oversubscribe" not in mpiexec:
+        flags.append("--oversubscribe")
+    if kind == MPICH and survivors_speak:
+        flags.append("-disable-auto-cleanup")
+    return flags
+
+
+def launch_command(mpiexec: list[str], ranks: int, *, survivors_speak: bool = False) -> list[str]:
+    """``MPIEXEC [FLAGS] -n RANKS``: the start of a command that runs a program under `mpiexec`
+    (:func:`launch_flags`); the program and its arguments follow."""
+    return [*mpiexec, *launch_flags(mpiexec, ranks, survivors_speak=survivors_speak), "-n", str(ranks)]
+
+
+def launch_env(mpiexec: list[str], env=None) -> dict:
+    """The environment to start `mpiexec` with: a copy of `env` (``os.environ`` when None) where, for
+    Open MPI's launcher run by root (a container, a CI machine), :data:`OPEN_MPI_ROOT_VARS` are set to 1,
+    without which Open MPI refuses to start. Only the launched process gets them; a value already set
+    wins."""
+    env = dict(os.environ if env is None else env)
+    if hasattr(os, "geteuid") and os.geteuid() == 0 and mpi_implementation(mpiexec) == OPEN_MPI:
+        for var in OPEN_MPI_ROOT_VARS:
+            env.setdefault(var, "1")
+    return env

@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..config import load_job
-from ..runtime.env import cap_blas_threads
+from ..runtime.env import cap_blas_threads, launch_command, launch_env
+from ..safe_text import clean_tree
 from .spec import Member, Sweep
 
 MANIFEST = "sweep.json"
@@ -23,8 +24,10 @@ _KILL_GRACE_S = 10.0
 
 def member_command(sweep: Sweep, member: Member, ranks: int, run_dir: Path, mpiexec: list[str],
                    wrapper: list[str] = ()) -> list[str]:
-    """``MPIEXEC -n N [WRAPPER] python -m ebsp_mpi train [BASE] --set ... --out RUN_DIR -q``."""
-    cmd = [*mpiexec, "-n", str(ranks), *wrapper, sys.executable, "-m", "ebsp_mpi", "train"]
+    """``MPIEXEC [FLAGS] -n N [WRAPPER] python -m ebsp_mpi train [BASE] --set ... --out RUN_DIR -q``, with
+    the flags the launcher needs (Open MPI's ``--oversubscribe`` where ranks outnumber cores:
+    ``runtime.env.launch_flags``)."""
+    cmd = [*launch_command(mpiexec, ranks), *wrapper, sys.executable, "-m", "ebsp_mpi", "train"]
     if sweep.base:
         cmd.append(str(sweep.base))
     for override in member.overrides:
@@ -133,7 +136,7 @@ def write_manifest(out: Path, sweep: Sweep, ranks: int, outcomes: list[Outcome])
     doc = {"name": sweep.name, "file": str(sweep.path), "base": str(sweep.base) if sweep.base else None,
            "ranks": ranks, "timeout_s": sweep.timeout_s, "members": [asdict(o) for o in outcomes]}
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    tmp.write_text(json.dumps(clean_tree(doc), indent=2) + "\n")  # a log line or a path may hold anything
     os.replace(tmp, path)
     return path
 
@@ -160,7 +163,7 @@ def run_sweep(sweep: Sweep, ranks: int, out: Path, mpiexec: list[str], *, wrappe
     out.mkdir(parents=True, exist_ok=True)
     if only is None or not (out / MANIFEST).exists():
         write_manifest(out, sweep, ranks, outcomes)
-    env = child_env()
+    env = launch_env(mpiexec, child_env())  # Open MPI's launcher run as root needs its permission
     for i in chosen:
         o = outcomes[i]
         log = out / "logs" / f"{o.name}.log"
