@@ -14,7 +14,8 @@ import pytest
 
 from ebsp_mpi.errors import UsageError
 from ebsp_mpi.outputs import read_model
-from ebsp_mpi.runtime.env import cap_blas_threads, find_mpiexec
+from ebsp_mpi.runtime.env import (OPEN_MPI, cap_blas_threads, find_mpiexec, launch_env, launch_flags,
+                                  mpi_implementation, rank_from_env, world_size_from_env)
 
 
 def mpiexec() -> list[str]:
@@ -27,18 +28,23 @@ def mpiexec() -> list[str]:
 
 
 def watchdog_flags() -> list[str]:
-    """Launcher flags that let a rank's death reach our watchdog instead of the launcher's cleanup.
+    """Launcher flags that let the job's own ranks name a dead rank (``env.launch_flags``): MPICH's
+    ``-disable-auto-cleanup``; nothing for Open MPI, whose launcher names the rank itself. (Asked for
+    one rank: the flags that depend on the number of ranks come with every :func:`train_cmd`.)"""
+    return launch_flags(mpiexec(), 1, survivors_speak=True)
 
-    MPICH's Hydra kills the whole job the moment one rank dies and names only its PID; with
-    ``-disable-auto-cleanup`` the job goes on until the server's watchdog names the silent rank and
-    aborts. Open MPI names the rank itself and needs nothing.
-    """
-    version = subprocess.run([*mpiexec(), "--version"], capture_output=True, text=True).stdout
-    return ["-disable-auto-cleanup"] if "HYDRA" in version else []
+
+def dead_rank_named(rank: int, ours: str) -> str:
+    """What a job's output says when `rank` was killed (kill -9) under :func:`watchdog_flags`: under
+    Open MPI its launcher's ``prterun noticed that process rank 2 with PID 4242 on node n1 exited on
+    signal 9 (Killed)`` (``mpirun noticed ...`` in Open MPI 4); under MPICH what the surviving ranks
+    print (`ours`, e.g. ``rank 2 (worker 1, pid``)."""
+    return f"noticed that process rank {rank} with PID" if mpi_implementation(mpiexec()) == OPEN_MPI else ours
 
 
 def train_cmd(n: int, out, *overrides: str, job=None, flags=()) -> list[str]:
-    cmd = [*mpiexec(), *flags, "-n", str(n), sys.executable, "-m", "ebsp_mpi", "train", "-q", "--out", str(out)]
+    cmd = [*mpiexec(), *launch_flags(mpiexec(), n), *flags, "-n", str(n), sys.executable, "-m", "ebsp_mpi", "train",
+           "-q", "--out", str(out)]
     if job:
         cmd.append(str(job))
     for o in overrides:
@@ -47,7 +53,9 @@ def train_cmd(n: int, out, *overrides: str, job=None, flags=()) -> list[str]:
 
 
 def child_env() -> dict:
-    env = cap_blas_threads(dict(os.environ))
+    """The environment of a launched job: one BLAS thread per rank, no backend chosen, and what the
+    launcher needs (Open MPI's permission to run as root, where the tests run as root)."""
+    env = launch_env(mpiexec(), cap_blas_threads(dict(os.environ)))
     env.pop("EBSP_BACKEND", None)
     return env
 
@@ -92,7 +100,8 @@ def oracle_run(tmp_path_factory, *overrides: str) -> Path:
 
 
 def pids_of_rank(out_dir: Path, rank: int) -> list[int]:
-    """The PIDs of rank `rank` of the run writing to `out_dir` (found through /proc)."""
+    """The PIDs of rank `rank` of the run writing to `out_dir` (found through /proc, by the rank the
+    launcher gave it: ``env.rank_from_env``)."""
     pids = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -102,8 +111,10 @@ def pids_of_rank(out_dir: Path, rank: int) -> list[int]:
             environ = (proc / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if str(out_dir).encode() in cmdline and b"ebsp_mpi" in cmdline and f"PMI_RANK={rank}".encode() in environ:
-            pids.append(int(proc.name))
+        if str(out_dir).encode() in cmdline and b"ebsp_mpi" in cmdline:
+            env = dict(var.decode(errors="replace").partition("=")[::2] for var in environ if b"=" in var)
+            if world_size_from_env(env) > 1 and rank_from_env(env) == rank:  # MPICH's PMI_RANK, Open MPI's
+                pids.append(int(proc.name))
     return pids
 
 

@@ -172,6 +172,7 @@ def test_bsp_killed_mid_run_and_resumed_equals_bsp_run_through(unbroken, tmp_pat
     assert len(traces[0].tables["pushes"]) == 400
 
 
+@pytest.mark.mpi_impl
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the ranks through /proc")
 @pytest.mark.timeout(600)
 def test_a_sigtermed_run_exits_0_after_its_checkpoint_and_resumes_to_the_same_model(unbroken, tmp_path):

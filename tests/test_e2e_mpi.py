@@ -15,7 +15,7 @@ import pytest
 from ebsp_mpi.outputs import SUMMARY_KEYS, read_model
 from ebsp_mpi.trace import read_run
 from datafiles import write_poisoned
-from mpirun import local, signal_rank_mid_run, signal_until_named, train, watchdog_flags
+from mpirun import dead_rank_named, local, signal_rank_mid_run, signal_until_named, train, watchdog_flags
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -28,7 +28,8 @@ def summary(run_dir: Path) -> dict:
 
 
 @pytest.mark.parametrize("kind,wire", [
-    ("mlp", ["runtime.chunk_bytes=4096"]),  # dozens of chunks per push and reply, wait-free backprop
+    # dozens of chunks per push and reply, wait-free backprop
+    pytest.param("mlp", ["runtime.chunk_bytes=4096"], marks=pytest.mark.mpi_impl),
     ("cnn", ["runtime.wait_free_backprop=false"]),
 ])
 def test_bsp_over_mpi_equals_the_single_process_oracle(kind, wire, tmp_path):
@@ -45,6 +46,7 @@ def test_bsp_over_mpi_equals_the_single_process_oracle(kind, wire, tmp_path):
     assert max(float(np.abs(a[k] - b[k]).max()) for k in a) <= 1e-5
 
 
+@pytest.mark.mpi_impl
 def test_single_process_and_mpi_runs_write_the_same_summary_keys(tmp_path):
     """One builder for summary.json: the same keys, in the same order, whichever trainer ran; a key that
     does not apply is null (no MPI library without MPI, no injected delay in the single process)."""
@@ -56,6 +58,7 @@ def test_single_process_and_mpi_runs_write_the_same_summary_keys(tmp_path):
     assert list(mpi) == list(single) == list(SUMMARY_KEYS)
     assert single["mpi_library"] is None and single["injected_delay_seconds"] is None
     assert mpi["mpi_library"] and len(mpi["injected_delay_seconds"]) == 2
+    assert "\0" not in mpi["mpi_library"]  # Open MPI's version string ends with a NUL byte
     for s in (mpi, single):
         assert s["iterations"] == [20, 20] and len(s["compute_seconds"]) == len(s["wait_seconds"]) == 2
         assert s["train_loss"] > 0 and s["evals"][-1]["test_acc"] == s["test_accuracy"]
@@ -158,16 +161,18 @@ def test_traces_hold_every_table_and_one_time_axis(tmp_path):
         assert reached == (first[0] if first else None), target
 
 
+@pytest.mark.mpi_impl
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the rank's process through /proc")
 def test_kill_9_of_a_worker_ends_the_job_naming_the_rank_and_leaves_readable_traces(tmp_path):
     """Every attempt must end the job (non-zero, within stall_timeout + 10 s) with readable traces.
 
-    Naming the rank needs the ranks to outlive the death long enough to speak: rank 0 names the dead
-    rank when the launcher signals the failure (SIGUSR1), else the watchdog does. MPICH's Hydra now and
-    then kills every rank before any can write a word, so the rank must be named in one of a few
-    attempts (tests/mpirun.py, KILL_ATTEMPTS).
+    Open MPI's launcher names the dead rank itself. Under MPICH the ranks must outlive the death long
+    enough to speak: rank 0 names the dead rank when the launcher signals the failure (SIGUSR1), else
+    the watchdog does. MPICH's Hydra now and then kills every rank before any can write a word, so the
+    rank must be named in one of a few attempts (tests/mpirun.py, KILL_ATTEMPTS).
     """
-    for attempt in signal_until_named(tmp_path, 2, signal.SIGKILL, 5.0, "rank 2", flags=watchdog_flags()):
+    named = dead_rank_named(2, "rank 2")
+    for attempt in signal_until_named(tmp_path, 2, signal.SIGKILL, 5.0, named, flags=watchdog_flags()):
         for path in sorted((attempt.run / "trace").glob("rank-*.h5")):
             with h5py.File(path, "r") as f:  # opens: nothing lost up to the last flush
                 assert "rank" in f.attrs

@@ -18,7 +18,8 @@ from ebsp_mpi.outputs import read_model
 from ebsp_mpi.runtime.protocol import owner_of_chunks, plan_chunks, plan_shards
 from ebsp_mpi.trace import read_run
 from datafiles import write_poisoned
-from mpirun import max_abs_difference, oracle_run, resume, signal_until_named, train, watchdog_flags
+from mpirun import (dead_rank_named, max_abs_difference, oracle_run, resume, signal_until_named, train,
+                    watchdog_flags)
 
 ORACLE = ["sync.model=bsp", "stop.iterations=40", "optim.momentum=0.9", "optim.weight_decay=5e-4",
           "straggler.enabled=false"]
@@ -87,7 +88,8 @@ def oracle(tmp_path_factory) -> Path:
     return oracle_run(tmp_path_factory, "sync.workers=3", *ORACLE)
 
 
-@pytest.mark.parametrize("wire", [["runtime.chunk_bytes=4096"], ["comm.hybrid=sfb"]], ids=["ps", "sfb"])
+@pytest.mark.parametrize("wire", [pytest.param(["runtime.chunk_bytes=4096"], marks=pytest.mark.mpi_impl),
+                                  ["comm.hybrid=sfb"]], ids=["ps", "sfb"])
 def test_bsp_with_two_servers_equals_the_oracle_and_bsp_with_one_server(wire, oracle, tmp_path):
     """The release rule (docs/design.md, "Sharded servers"): under BSP every server answers with exactly
     the round, so BSP with k servers equals BSP with one (and the oracle) up to float summation order."""
@@ -162,6 +164,8 @@ def test_a_bad_push_is_applied_on_no_shard_and_counted_once(tmp_path):
 ], ids=["server 1 stopped", "server 1 killed, no auto-cleanup"])
 def test_a_stopped_or_killed_server_rank_ends_the_job_and_is_named(sig, cleanup, named, tmp_path):
     flags = watchdog_flags() if cleanup else []
+    if sig == signal.SIGKILL:
+        named = dead_rank_named(1, named)
     output = signal_until_named(tmp_path, 1, sig, 4.0, named, "sync.model=ssp", "runtime.servers=2",
                                 flags=flags, ranks=4)[-1].output
     if sig == signal.SIGSTOP:  # rank 0 or a worker noticed the silence, and said whose
