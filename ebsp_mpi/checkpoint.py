@@ -1,5 +1,5 @@
-"""Checkpoints of a run, and the job that ``train --resume DIR`` continues (DESIGN.md, "Checkpoint and
-resume").
+"""Checkpoints of a run, and the job that ``train --resume DIR`` continues (docs/design.md,
+"Checkpoint and resume").
 
 ``DIR/checkpoint.h5`` holds what the server (or the single-process trainer) needs to go on as if the
 run had not stopped: the parameters and the optimizer's velocity; the model version (the optimizer

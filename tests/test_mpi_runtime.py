@@ -88,14 +88,14 @@ def test_a_poll_that_takes_part_of_a_push_reports_progress(ctx):
         from ebsp_mpi.runtime.server import Server
 
         server = Server(ctx, job, Path(run_dir), show_progress=False)
-        server._decide(server.policy.start(0.0), 0.0)
+        server._carry_out(server.coordinator.start(0.0), 0.0)
         first = server.layout.chunks[0]
         ctx.comm.bcast((first.tag, first.size), root=0)
         deadline, progressed = time.monotonic() + 30, False
         while not progressed and time.monotonic() < deadline:  # a guard against a hang, not a timing
             progressed = server._serve_pushes()
             server.store.complete_replies()
-        verdict = (progressed, int(server.pushes.sum()), int(server.store.missing[0]), server.store.parts)
+        verdict = (progressed, sum(server.coordinator.pushes), int(server.store.missing[0]), server.store.parts)
         for r in server.store.recvs:  # leave no receive posted behind
             if r.Test() is False:
                 r.Cancel()
@@ -133,7 +133,7 @@ def test_short_push_is_a_protocol_error_not_a_hang(ctx):
         from pathlib import Path
 
         server = Server(ctx, job, Path(run_dir), show_progress=False)
-        server._decide(server.policy.start(0.0), 0.0)
+        server._carry_out(server.coordinator.start(0.0), 0.0)
         deadline = time.monotonic() + 30
         try:
             while time.monotonic() < deadline:

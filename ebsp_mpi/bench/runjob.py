@@ -23,21 +23,14 @@ def run_job(ctx, job, worker_class=None, read=None):
     returns: ``(summary, read(run_dir))``) and the finished worker object on the other ranks. The run
     directory (traces, ``model.h5``) is deleted afterwards.
     """
-    from ..runtime.server import Server
-    from ..runtime.shard_server import ShardServer
-    from ..runtime.worker import Worker
+    from ..runtime.launch import make_role
 
     ctx.servers = job.runtime.servers
     path = ctx.comm.bcast(tempfile.mkdtemp(prefix="ebsp-bench-") if ctx.rank == 0 else None, root=0)
     try:
-        if ctx.rank == 0:
-            result = Server(ctx, job, Path(path), show_progress=False).run()  # collects the workers' stats
-        elif ctx.is_server:
-            result = ShardServer(ctx, job, Path(path))
-            result.run()
-        else:
-            result = (worker_class or Worker)(ctx, job, Path(path))
-            result.run()
+        role = make_role(ctx, job, Path(path), show_progress=False, worker_class=worker_class)
+        summary = role.run()  # rank 0's collects the workers' statistics
+        result = summary if ctx.rank == 0 else role
         ctx.comm.Barrier()  # every trace file is closed
         if ctx.rank == 0 and read is not None:
             result = (result, read(Path(path)))

@@ -89,7 +89,7 @@ def main(argv=None, records: list | None = None) -> int:
         started = time.perf_counter()
         result = simulate(policy, table, args.iterations, keep_releases=False)
         seconds = time.perf_counter() - started
-        zipline = sum(r.row["seconds"] for r in policy.take_records() if r.table == "zipline")
+        zipline = sum(r.row["seconds"] for r in result.records if r.table == "zipline")
         print(f"{label:<18} | {seconds:8.2f} {result.pushes / seconds / 1e3:11.0f} | {seconds / bare:11.2f} | "
               f"{result.barriers:>8} {zipline:9.2f}")
         if records is not None:

@@ -7,7 +7,7 @@
   samples per second under a per-worker memory limit (exact search); :mod:`.osdp_authors` solves the
   authors' own problem on their profile; :mod:`.osdp_files` reads and writes profiles and plans.
 
-See DESIGN.md, "Hybrid communication" and "OSDP".
+See docs/design.md, "Hybrid communication" and "OSDP".
 """
 
 from .hybcomm import (

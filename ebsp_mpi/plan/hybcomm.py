@@ -28,7 +28,7 @@ Poseidon's Table 1, colocated servers (P nodes, each a worker and a server of 1/
 
 This project's topology (P1 workers, P2 dedicated server ranks)
 -------------------------------------------------------------------
-The servers hold the parameters in P2 byte-balanced shards (DESIGN.md, "Sharded servers"; P2 = 1
+The servers hold the parameters in P2 byte-balanced shards (docs/design.md, "Sharded servers"; P2 = 1
 today). A server figure is one server's share of the layer's server traffic: the layer's total divided
 by P2 (exact for P2 = 1; over a whole model, byte balancing gives each server about that share).
 

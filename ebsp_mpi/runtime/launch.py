@@ -53,19 +53,7 @@ def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True, resume:
         run_dir, ckpt = _run_dir(ctx, job, out, resume)
         if ckpt is not None:
             resumed_at = ckpt.run_seconds
-        if ctx.rank == 0:
-            from .server import Server
-
-            role = Server(ctx, job, run_dir, show_progress=show_progress, resume=ckpt)
-        elif ctx.is_server:
-            from .shard_server import ShardServer
-
-            role = ShardServer(ctx, job, run_dir, resume=ckpt)
-        else:
-            from .worker import Worker
-
-            start = 0 if ckpt is None else int(ckpt.iterations[ctx.worker_of(ctx.rank)])
-            role = Worker(ctx, job, run_dir, start_iteration=start)
+        role = make_role(ctx, job, run_dir, ckpt, show_progress)
     except Exception as e:  # noqa: BLE001 - every rank reports its set-up outcome, whatever it was
         error = (2, f"{e}") if isinstance(e, (UsageError, FileExistsError)) else \
             (1, f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
@@ -102,6 +90,25 @@ def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True, resume:
         print(f"ebsp_mpi: error: {failed}", file=sys.stderr)
         return 1
     return 0
+
+
+def make_role(ctx, job: JobConfig, run_dir: Path, ckpt: Checkpoint | None = None, show_progress: bool = True,
+              worker_class=None):
+    """This rank's part of the job, ready to ``run()``: rank 0 the server and scheduler, ranks
+    1..k-1 the other servers (``runtime.servers = k``), the rest workers (`worker_class`, default
+    ``Worker``: a benchmark may pass its own). With `ckpt`, each continues from the checkpoint."""
+    if ctx.rank == 0:
+        from .server import Server
+
+        return Server(ctx, job, run_dir, show_progress=show_progress, resume=ckpt)
+    if ctx.is_server:
+        from .shard_server import ShardServer
+
+        return ShardServer(ctx, job, run_dir, resume=ckpt)
+    from .worker import Worker
+
+    start = 0 if ckpt is None else int(ckpt.iterations[ctx.worker_of(ctx.rank)])
+    return (worker_class or Worker)(ctx, job, run_dir, start_iteration=start)
 
 
 def _run_dir(ctx, job: JobConfig, out: str | None, resume: bool) -> tuple[Path, Checkpoint | None]:

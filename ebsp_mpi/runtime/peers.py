@@ -1,7 +1,7 @@
 """Rank 0's side of the other servers (ranks 1..k-1 with ``runtime.servers = k``).
 
 Rank 0 alone runs the sync policy. Whatever it does to its own shard (apply a push, apply a round,
-answer a pull) it appends here as an order (``protocol.ORDERS``); :meth:`PeerServers.flush` sends the
+answer a pull) it appends here as an order (the ``protocol.*Order`` records); :meth:`PeerServers.flush` sends the
 orders gathered since the last flush to every other server as one message, so each carries them out in
 rank 0's order. A snapshot (evaluation, checkpoint, the final model) is an order too: each server
 sends its shard back once it has carried out every order before it, so the pieces form the model
@@ -17,7 +17,8 @@ import numpy as np
 from mpi4py import MPI
 
 from .comm import KeepAlive, Silence, StallError, wait_all
-from .protocol import ALIVE_TAG, ORDER_TAG, ORDERS, SNAP_TAG, STATS_TAG, ProtocolError
+from .protocol import (ALIVE_TAG, ORDER_TAG, SNAP_TAG, STATS_TAG, EndOrder, Order, ProtocolError, SnapshotOrder,
+                       encode_orders)
 
 
 class PeerServers:
@@ -36,7 +37,7 @@ class PeerServers:
     def __init__(self, ctx, layout, stall_timeout_s: float):
         self.ctx, self.layout, self.timeout = ctx, layout, stall_timeout_s
         self.ranks = list(range(1, ctx.servers))
-        self.rows: list[tuple[float, float, float]] = []
+        self.orders: list[Order] = []
         self.sends: list = []  # order sends in flight (their buffers kept alive with them)
         self.alive = KeepAlive(ctx.comm, stall_timeout_s)
         self.last_heard = dict.fromkeys(self.ranks, 0.0)
@@ -48,16 +49,17 @@ class PeerServers:
             self.alive.told(s, t)
             self.last_heard[s] = t
 
-    def order(self, op: str, a: float = 0, b: float = 0) -> None:
+    def order(self, order: Order) -> None:
+        """Send `order` with the next flush (nothing with one server)."""
         if self.ranks:
-            self.rows.append((ORDERS[op], a, b))
+            self.orders.append(order)
 
     def flush(self, now: float) -> None:
         """Send the orders gathered since the last flush, as one message to every other server."""
-        if not self.rows:
+        if not self.orders:
             return
-        buf = np.array(self.rows, dtype=np.float64).reshape(-1)
-        self.rows = []
+        buf = encode_orders(self.orders)
+        self.orders = []
         for s in self.ranks:
             self.sends.append((self.ctx.comm.Isend([buf, MPI.DOUBLE], s, ORDER_TAG), buf))
             self.alive.told(s, now)
@@ -104,7 +106,7 @@ class PeerServers:
             if whole_velocity is not None:
                 requests.append(self.ctx.comm.Irecv([whole_velocity[shard.lo:shard.hi], MPI.FLOAT], s, SNAP_TAG))
                 sources.append(s)
-        self.order("snapshot", 0, 1 if whole_velocity is not None else 0)
+        self.order(SnapshotOrder(whole_velocity is not None))
         self.flush(self.ctx.now())
         arrived: set[int] = set()
         silence = Silence(self.timeout, lambda: _named(sources, arrived))
@@ -115,7 +117,7 @@ class PeerServers:
 
     def end(self, now: float) -> None:
         """Every worker has stopped: tell the servers, which then send their statistics."""
-        self.order("end")
+        self.order(EndOrder())
         self.flush(now)
         self.ended = True
 

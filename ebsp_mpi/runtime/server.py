@@ -1,16 +1,18 @@
 """Rank 0: the parameter server and the sync scheduler.
 
 It owns the global parameters and the optimizer state (with ``runtime.servers = k > 1``, those of its
-shard, the others' on ranks 1..k-1), keeps a receive posted for every part of every worker's next push
-that comes to it, applies pushes as they complete, asks the sync policy whose pull to answer, and
-answers pulls from buffers that never change while a send of them is in flight (DESIGN.md, "Roles"):
-snapshots of the parameters, or under BSP the parameters themselves, which only a completed round
-changes, after every reply still sending from them has completed (``runtime.shard``).
+shard, the others' on ranks 1..k-1) and keeps a receive posted for every part of every worker's next
+push that comes to it. Once a push is complete it asks the coordinator (``sync.coordinator``) what to
+do and carries the actions out: apply the push, close a BSP round, answer pulls, stop a worker. It
+decides nothing itself. Replies go out from buffers that never change while a send of them is in
+flight (docs/design.md, "Parameters on the wire"): snapshots of the parameters, or under BSP the
+parameters themselves, which only a completed round changes, after every reply still sending from
+them has completed (``runtime.shard``).
 
-With k servers rank 0 alone runs the policy: what it does to its shard it orders the other servers
-to do to theirs, in one ordered stream (``protocol.ORDERS``), so every shard applies the same pushes
+With k servers, what rank 0 does to its shard it orders the other servers to do to theirs, in one
+ordered stream of typed orders (``protocol.ApplyOrder`` ...), so every shard applies the same pushes
 in the same order and every reply, evaluation and checkpoint holds exactly the pushes rank 0 decided
-on (DESIGN.md, "Sharded servers"; the release rule holds with equality).
+on (docs/design.md, "Sharded servers"; the release rule holds with equality).
 
 The message loop polls (``Testsome``) instead of blocking, so that between messages it can evaluate the
 model one slice at a time, watch for stalled ranks, flush the trace and report progress.
@@ -29,6 +31,8 @@ from ..config import JobConfig, to_dict
 from ..errors import UsageError
 from ..outputs import AccuracyTargets, build_summary, write_model, write_summary
 from ..progress import Progress
+from ..sync.base import Record
+from ..sync.coordinator import Apply, Coordinator, Reject, Reply, Round
 from ..sync.registry import make_policy
 from .comm import HOUSEKEEPING_S, Context, KeepAlive, StallError, mpi_library, open_rank_trace, terminate_requested
 from .evaluator import Evaluator
@@ -36,7 +40,7 @@ from .faults import fault_for
 from .fetch import FetchServer
 from .layout import make_layout
 from .peers import PeerServers
-from .protocol import PULL_FIELDS, PUSH, STATS_TAG, ProtocolError, pack
+from .protocol import PULL_FIELDS, PUSH, STATS_TAG, ApplyOrder, ProtocolError, ReplyOrder, RoundOrder, pack
 from .shard import ShardStore
 
 log = logging.getLogger(__name__)
@@ -68,6 +72,7 @@ class Server:
         self.sfb_bsp = self.layout.sfb_bsp
         if self.sfb_bsp:  # every replica applies the same rounds: all must stop at the same one
             self.limits = [None if None in self.limits else min(self.limits)] * n
+        self.coordinator = Coordinator(self.policy, self.limits, job.stop.seconds)
         self.reply_len = len(PULL_FIELDS) + (n if self.sfb_bsp else 0)  # BSP with SFB: the round's members
         self.round_mask = np.zeros(n)
         if self.layout.sfb:
@@ -80,12 +85,6 @@ class Server:
         self.targets = AccuracyTargets(list(job.eval.targets))
         self.last_eval = (None, None)  # (test loss, test accuracy) of the latest evaluation
         self.evals: list[tuple] = []  # (t, version, test loss, test accuracy) of every evaluation
-        self.round_members: list[int] = []
-
-        self.version = 0
-        self.pushes = np.zeros(n, dtype=np.int64)
-        self.rejected = 0
-        self.left: set[int] = set()
         self.pull_requested = np.zeros(n)  # when each worker's pending pull arrived (its push time)
         self.last_heard = np.zeros(n)
         self.alive = KeepAlive(ctx.comm, job.runtime.stall_timeout_s)  # to the workers whose pulls are held
@@ -95,7 +94,6 @@ class Server:
         # headers), for checkpoints; and what a resumed run had done before this process started
         self.totals = {name: np.zeros(n) for name in TOTALS}
         self.resumed_totals = {name: np.zeros(n) for name in TOTALS}
-        self.stopping = False  # SIGTERM: checkpoint, then stop every worker at its next pull
         self.flush_asked = np.zeros(n, dtype=bool)  # a checkpoint was written: flush your trace
         self.next_checkpoint = job.checkpoint.every_seconds or np.inf
         self.trace = open_rank_trace(ctx, job, run_dir, role="server", backend="numpy", device="cpu",
@@ -124,10 +122,10 @@ class Server:
         self.pull_requested[:] = t
         self.peers.start(t)
         self.next_checkpoint += t  # a resumed run's clock goes on from its checkpoint
-        self._decide(self.policy.start(t), t)
+        self._carry_out(self.coordinator.start(t), t)
         next_housekeeping = 0.0
         next_eval = t + job.eval.every_seconds
-        while len(self.left) < self.n or self.store.replies:
+        while not self.coordinator.finished or self.store.replies:
             progressed = self._serve_pushes()
             if self.fetches is not None:
                 progressed |= self.fetches.take(self.last_heard, self.ctx.now())
@@ -141,7 +139,7 @@ class Server:
                 self._housekeeping(now)
                 next_housekeeping = now + HOUSEKEEPING_S
             if now >= next_eval and not self.evaluator.active:
-                self.evaluator.start(self._whole_model(), self.version, now)
+                self.evaluator.start(self._whole_model(), self.coordinator.version, now)
                 next_eval = now + job.eval.every_seconds
             if progressed:
                 backoff.reset()
@@ -159,104 +157,68 @@ class Server:
         return arrived.parts > 0
 
     def _on_push(self, w: int, t: float) -> None:
-        head = self.store.headers[w]
-        iteration, version_used = int(self.pushes[w]), int(head[PUSH.version])
-        version_before = self.version
+        """`w`'s push is complete here: trace it, and carry out what the coordinator decides."""
+        coordinator, head = self.coordinator, self.store.headers[w]
+        iteration, version_used = coordinator.pushes[w], int(head[PUSH.version])
+        version_before = coordinator.version
         rejected = self.store.rejected(w, iteration)
-        if rejected:
-            self.rejected += 1
-            log.warning("rejected push %d of rank %d: NaN or Inf in the gradient", iteration, self.ctx.worker_rank(w))
-        elif self.policy.round_based:
-            self.round_members.append(w)
-        else:
-            self.store.apply(w, self.version)
-            self.peers.order("apply", w, self.version)
-            self.version += 1
-        self.pushes[w] += 1
         for name in TOTALS:
             self.totals[name][w] += head[getattr(PUSH, name)]
         self.last_loss[w] = head[PUSH.loss]
         self.pull_requested[w] = t
         self.trace.append("pushes", worker=w, iteration=iteration, t=t, version_before=version_before,
                           staleness=version_before - version_used, rejected=rejected)
-        if self.fault is not None and self.fault.due(int(self.pushes.sum())):
-            self.fault.fire(f"push {int(self.pushes.sum())}")
-        self._decide(self.policy.on_push(w, t), t)
-        if self._limit_reached(w) and w not in self.left:
-            # its last push: tell it to stop now rather than after the policy would release it
-            self._retire(w, t)
+        actions = coordinator.push(w, t, rejected)
+        pushed = sum(coordinator.pushes)
+        if self.fault is not None and self.fault.due(pushed):
+            self.fault.fire(f"push {pushed}")
+        self._carry_out(actions, t)
 
-    def _decide(self, decision, t: float) -> None:
-        """Carry out a decision: apply a completed round, answer released pulls, retire finished workers.
+    def _carry_out(self, actions, t: float) -> None:
+        """Carry out the coordinator's actions, in order, on rank 0's shard and, through the order
+        stream, on the other servers'."""
+        for action in actions:
+            if isinstance(action, Reply):
+                self._reply(action, self.store.reply_buffer(), t)
+            elif isinstance(action, Apply):
+                self.store.apply(action.worker, action.version)
+                self.peers.order(ApplyOrder(action.worker, action.version))
+            elif isinstance(action, Round):
+                self._apply_round(action, t)
+            elif isinstance(action, Record):
+                self.trace.append(action.table, **action.row)
+            elif isinstance(action, Reject):
+                log.warning("rejected push %d of rank %d: NaN or Inf in the gradient", action.iteration,
+                            self.ctx.worker_rank(action.worker))
 
-        Retiring a worker (``on_leave``) can release others it was holding, so this loops until no
-        decision is left to carry out.
-        """
-        pending = [decision]
-        while pending:
-            decision = pending.pop()
-            self._write_policy_records()
-            released = [(w, self._must_stop(w, t)) for w in decision.release if w not in self.left]
-            if decision.apply_round:
-                self._apply_round(released, t)
-            elif released:
-                buffer = self.store.reply_buffer()
-                for w, stop in released:
-                    self._reply(w, buffer, stop, t)
-            for w, stop in released:
-                if stop:
-                    self.left.add(w)
-                    pending.append(self.policy.on_leave(w, t))
-        self._write_policy_records()
-
-    def _must_stop(self, w: int, t: float) -> bool:
-        return self._limit_reached(w) or self.stopping or bool(self.job.stop.seconds and t >= self.job.stop.seconds)
-
-    def _retire(self, w: int, t: float) -> None:
-        """Send `w` its stop reply and let the policy forget it (which may release others)."""
-        self._reply(w, self.store.reply_buffer(), True, t)
-        self.left.add(w)
-        self._decide(self.policy.on_leave(w, t), t)
-
-    def _apply_round(self, released: list[tuple[int, bool]], t: float) -> None:
+    def _apply_round(self, round_: Round, t: float) -> None:
         """BSP: the mean of the round's gradients, summed in worker order, as one optimizer step; and
-        the replies to the `released` ``(worker, stop)`` pulls, each chunk sent as soon as it is
-        updated (``ShardStore.apply_round``)."""
-        members = sorted(self.round_members)
-        self.round_members.clear()
+        the round's replies, each chunk sent as soon as it is updated (``ShardStore.apply_round``)."""
         self.store.settle(self.ctx.backoff(), self._watch_now)
-        version = self.version
-        self.peers.order("round", len(members), version)
-        for w in members:
-            self.peers.order("member", w)
-        if members:  # else every push of the round was rejected, and the weights stay as they are
-            self.version += 1
+        self.peers.order(RoundOrder(round_.members, round_.version))
         self.round_mask[:] = 0.0
-        self.round_mask[members] = 1.0  # the workers rebuild the SFB layers' mean from these workers
-        replies = [self._reply(w, self.params, stop, t, send_weights=False) for w, stop in released]
-        self.store.apply_round(members, version, replies)
+        self.round_mask[list(round_.members)] = 1.0  # the workers rebuild the SFB layers' mean from these
+        replies = [self._reply(reply, self.params, t, send_weights=False) for reply in round_.replies]
+        self.store.apply_round(list(round_.members), round_.version, replies)
         if t >= self.next_checkpoint:  # between rounds is the one consistent point of BSP
             self._checkpoint(t)
 
-    def _limit_reached(self, w: int) -> bool:
-        """`w` has pushed its last iteration (``stop.iterations`` / ``stop.epochs``)."""
-        return self.limits[w] is not None and self.pushes[w] >= self.limits[w]
-
-    def _reply(self, w: int, buffer: np.ndarray, stop: bool, t: float, send_weights: bool = True):
-        """Answer `w`'s pull: the header and rank 0's shard from `buffer`, and the order to every other
+    def _reply(self, reply: Reply, buffer: np.ndarray, t: float, send_weights: bool = True):
+        """Answer a pull: the header and rank 0's shard from `buffer`, and the order to every other
         server to send its shard."""
+        w = reply.worker
         head = np.zeros(self.reply_len)
-        pack(head[:len(PULL_FIELDS)], PULL_FIELDS, version=self.version, stop=1.0 if stop else 0.0,
+        pack(head[:len(PULL_FIELDS)], PULL_FIELDS, version=reply.version, stop=1.0 if reply.stop else 0.0,
              flush=float(self.flush_asked[w]))
         if self.sfb_bsp:
             head[len(PULL_FIELDS):] = self.round_mask
         self.flush_asked[w] = False
-        reply = self.store.reply(w, buffer, stop, head, send_weights)
-        self.peers.order("reply", w, 1 if stop else 0)
+        pending = self.store.reply(w, buffer, reply.stop, head, send_weights)
+        self.peers.order(ReplyOrder(w, reply.stop))
         self.last_heard[w] = t
         self.alive.told(self.ctx.worker_rank(w), t)
-        self.trace.append("pulls", worker=w, t_request=self.pull_requested[w], t_reply=t, version=self.version)
-        return reply
+        self.trace.append("pulls", worker=w, t_request=self.pull_requested[w], t_reply=t, version=reply.version)
+        return pending
 
     def _whole_model(self, velocity: bool = False) -> np.ndarray:
         """The parameters as of now (with `velocity`, the optimizer state too, in ``whole_velocity``):
@@ -285,16 +247,16 @@ class Server:
         self._watchdog(now)
         self._keep_alive(now)
         self.peers.housekeeping(now)
-        if terminate_requested() and not self.stopping:
+        if terminate_requested() and not self.coordinator.stopping:
             log.warning("SIGTERM: the run stops at each worker's next pull, after a checkpoint")
-            self.stopping = True
+            self.coordinator.request_stop()
         if now >= self.next_checkpoint and not self.policy.round_based:  # BSP's wait for the round's end
             self._checkpoint(now)
         self._take_other_messages()
         self.trace.maybe_flush()
         heard = self.last_loss[~np.isnan(self.last_loss)]
-        self.progress.update(int(self.pushes.sum()), loss=float(heard.mean()) if heard.size else None,
-                             test_acc=self.last_eval[1], version=self.version)
+        self.progress.update(sum(self.coordinator.pushes), loss=float(heard.mean()) if heard.size else None,
+                             test_acc=self.last_eval[1], version=self.coordinator.version)
 
     def _watch_now(self) -> None:
         """The watchdogs, while the server waits for its own replies to complete."""
@@ -305,9 +267,9 @@ class Server:
     def _watchdog(self, now: float) -> None:
         """Name a worker that owes us a message and has been silent longer than the stall timeout."""
         timeout = self.job.runtime.stall_timeout_s
-        waiting_on = self.store.replying_to()
+        waiting_on, left = self.store.replying_to(), self.coordinator.left
         for w in range(self.n):
-            owes = w in waiting_on or (w not in self.left and w not in self.policy.held)
+            owes = w in waiting_on or (w not in left and w not in self.policy.held)
             if owes and now - self.last_heard[w] > timeout:
                 raise StallError(f"worker rank {self.ctx.worker_rank(w)} silent for {now - self.last_heard[w]:.1f} s "
                                  f"(runtime.stall_timeout_s = {timeout}); it may have died or hung")
@@ -316,7 +278,7 @@ class Server:
         """Tell each worker whose pull the sync model holds, every quarter of the stall timeout, that the
         server still lives: the worker's own watchdog then fires only on a dead or stopped server, not
         on a long hold (``protocol.ALIVE_TAG``)."""
-        self.alive.tick(now, [self.ctx.worker_rank(w) for w in self.policy.held if w not in self.left])
+        self.alive.tick(now, [self.ctx.worker_rank(w) for w in self.policy.held if w not in self.coordinator.left])
 
     def _take_other_messages(self) -> bool:
         """Take the statistics of workers that have stopped, and the other servers' keep-alives and
@@ -328,7 +290,7 @@ class Server:
             if self.peers.take(status, self.ctx.now()):
                 continue
             w = self.ctx.worker_of(status.Get_source())
-            if status.Get_tag() != STATS_TAG or w not in self.left or self.stats[w] is not None:
+            if status.Get_tag() != STATS_TAG or w not in self.coordinator.left or self.stats[w] is not None:
                 raise ProtocolError(f"unexpected message from rank {status.Get_source()} with tag "
                                     f"{status.Get_tag()} ({status.Get_count(MPI.BYTE)} bytes)")
             self.stats[w] = comm.recv(source=status.Get_source(), tag=STATS_TAG)
@@ -352,24 +314,21 @@ class Server:
             backoff.idle()
         return self.stats
 
-    def _write_policy_records(self) -> None:
-        for record in self.policy.take_records():
-            self.trace.append(record.table, **record.row)
-
     # -- checkpoints ----------------------------------------------------------------------------
 
     def _checkpoint(self, t: float, whole: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         """Write the run's state at run time `t` (``checkpoint.h5``; see ``ebsp_mpi.checkpoint``): the
         parameters and optimizer state `whole` already gathered as of now, or gathered here."""
-        c0 = self.ctx.now()
+        c0, coordinator = self.ctx.now(), self.coordinator
         params, velocity = whole if whole is not None else (self._whole_model(velocity=True), self.whole_velocity)
         write_checkpoint(self.run_dir, Checkpoint(
-            params=params, velocity=velocity, version=self.version, run_seconds=t,
-            iterations=self.pushes, totals={**self.totals, LAST_LOSS: self.last_loss}, rejected=self.rejected,
+            params=params, velocity=velocity, version=coordinator.version, run_seconds=t,
+            iterations=np.array(coordinator.pushes), totals={**self.totals, LAST_LOSS: self.last_loss},
+            rejected=coordinator.rejected,
             policy=self.policy.state_dict(),
             evals=self.evals, reached=self.targets.reached, config=to_dict(self.job)))
-        log.info("checkpoint at %.1f s: version %d, %d pushes, written in %.2f s", t, self.version,
-                 int(self.pushes.sum()), self.ctx.now() - c0)
+        log.info("checkpoint at %.1f s: version %d, %d pushes, written in %.2f s", t, coordinator.version,
+                 sum(coordinator.pushes), self.ctx.now() - c0)
         every = self.job.checkpoint.every_seconds
         self.next_checkpoint = t + every if every else np.inf
         self.trace.flush()  # a resumed run keeps the trace rows flushed before its checkpoint
@@ -383,13 +342,11 @@ class Server:
                              f"this job has {self.params.size} and {self.n}")
         self.params[...] = ckpt.params
         self.opt.velocity[...] = ckpt.velocity
-        self.version, self.rejected = ckpt.version, ckpt.rejected
-        self.pushes[...] = ckpt.iterations
+        self.coordinator.restore(ckpt.version, ckpt.iterations, ckpt.rejected, ckpt.policy)
         for name in TOTALS:
             self.totals[name][...] = ckpt.totals[name]
             self.resumed_totals[name][...] = ckpt.totals[name]
         self.last_loss[...] = ckpt.totals[LAST_LOSS]
-        self.policy.load_state_dict(ckpt.policy)
         self.evals = [tuple(e) for e in ckpt.evals]
         self.targets.reached.update(ckpt.reached)
         T = ckpt.run_seconds
@@ -398,8 +355,8 @@ class Server:
         kept = self.trace.truncate("barriers", "t_released", T)
         self.trace.truncate("barrier_members", "barrier", kept - 1)
         self.trace.set_attrs(resumed_at_s=T)
-        log.info("resumed from the checkpoint at %.1f s: version %d, iterations %s", T, self.version,
-                 self.pushes.tolist())
+        log.info("resumed from the checkpoint at %.1f s: version %d, iterations %s", T, ckpt.version,
+                 list(self.coordinator.pushes))
 
     def _whole_run(self, stats: list[dict], key: str, total: str) -> list[float]:
         """Per worker, `key` of its statistics plus what the run had done before a resume."""
@@ -420,18 +377,19 @@ class Server:
                              for key in ("peak_bytes", "iteration_s", "transfer_wait_s", "transfer_messages")}}
 
     def _finish(self) -> dict:
-        wall = self.ctx.now()
+        wall, coordinator = self.ctx.now(), self.coordinator
+        version, pushes = coordinator.version, list(coordinator.pushes)
         # gathered once, with the optimizer state, for the evaluation, model.h5 and the last checkpoint
         whole = self._whole_model(velocity=True)
         if whole is not self.params:  # no reply sends from the parameters any more: take every shard in
             np.copyto(self.params, whole)
         loss, acc = self.evaluator.evaluate_now(self.params)
-        self._record_eval(wall, self.version, loss, acc, self.ctx.now() - wall)
+        self._record_eval(wall, version, loss, acc, self.ctx.now() - wall)
         if self.fault is not None and self.fault.due("end"):
             self.fault.fire("the end")
         # the trained model and the server's trace do not depend on the workers' statistics: keep them
         # even if a worker fails to report
-        write_model(self.run_dir, self.space.state_dict(), version=self.version, step=self.version,
+        write_model(self.run_dir, self.space.state_dict(), version=version, step=version,
                     attrs={"sync": self.policy.name, "config_json": to_dict(self.job)})
         self.trace.flush()
         self._checkpoint(wall, (whole, self.whole_velocity))  # the end, from which a longer run can go on
@@ -441,22 +399,22 @@ class Server:
         stats = self._collect_stats()
         self.alive.wait(self.ctx.backoff())
         self.peers.wait_sends(self.ctx.backoff())
-        self.progress.close(int(self.pushes.sum()), test_acc=acc, version=self.version)
+        self.progress.close(sum(pushes), test_acc=acc, version=version)
         heard = self.last_loss[np.isfinite(self.last_loss)]
         summary = build_summary(
             self.job, sync=self.policy.name, world_size=self.ctx.size,
-            backend=stats[0]["backend"] if stats else "numpy", wall_seconds=wall, iterations=self.pushes.tolist(),
+            backend=stats[0]["backend"] if stats else "numpy", wall_seconds=wall, iterations=pushes,
             wait_seconds=self._whole_run(stats, "wait_seconds", "wait_s"),
             compute_seconds=self._whole_run(stats, "compute_seconds", "compute_s"),
             injected_delay_seconds=self._whole_run(stats, "injected_delay_seconds", "injected_delay_s"),
             barriers=self.policy.barriers,
-            rejected_pushes=self.rejected, versions=self.version,
+            rejected_pushes=coordinator.rejected, versions=version,
             train_loss=float(heard.mean()) if heard.size else None, test_loss=loss, test_accuracy=acc,
             targets=self.targets, evals=self.evals, mpi_library=mpi_library(), hybrid=self.layout.hybrid_plan,
             byte_counts=[self.store.bytes.as_dict()] + [self.peers.stats[r]["bytes"] for r in self.peers.ranks]
             + [s["bytes"] for s in stats], osdp=self._osdp(stats))
         write_summary(self.run_dir, summary)
-        self.trace.set_attrs(rejected_pushes=self.rejected, hybrid=self.layout.hybrid_plan,
+        self.trace.set_attrs(rejected_pushes=coordinator.rejected, hybrid=self.layout.hybrid_plan,
                              bytes=self.store.bytes.as_dict())
         self.trace.close()
         return summary

@@ -1,7 +1,7 @@
 """Ranks 1..k-1 with ``runtime.servers = k``: a server of one shard, carrying out rank 0's orders.
 
 It keeps a receive posted for every part of every worker's next push that comes to it (its chunks,
-the factors of its SFB layers, the header), and carries out rank 0's orders (``protocol.ORDERS``) in
+the factors of its SFB layers, the header), and carries out rank 0's orders (the ``protocol.*Order`` records) in
 their order: apply a push, apply a round, answer a pull, send its shard to rank 0. It answers the
 workers' OSDP fetches of its part of their on-demand layers at once (``runtime.fetch``). An order that
 needs a push not yet complete here waits at the head of the queue until it is (the worker sent the
@@ -26,12 +26,12 @@ from .comm import HOUSEKEEPING_S, Context, KeepAlive, Silence, open_rank_trace, 
 from .faults import fault_for
 from .fetch import FetchServer
 from .layout import make_layout
-from .protocol import ALIVE_TAG, ORDER_TAG, ORDER_WIDTH, ORDERS, SNAP_TAG, STATS_TAG, ProtocolError
+from .protocol import (ALIVE_TAG, ORDER_TAG, ORDER_WIDTH, SNAP_TAG, STATS_TAG, ApplyOrder, EndOrder, ProtocolError,
+                       ReplyOrder, RoundOrder, SnapshotOrder, decode_orders)
 from .shard import ShardStore
 
 log = logging.getLogger(__name__)
 
-OP = {code: name for name, code in ORDERS.items()}
 
 
 class ShardServer:
@@ -108,13 +108,10 @@ class ShardServer:
         comm, status, took = self.ctx.comm, MPI.Status(), False
         while comm.Iprobe(0, ORDER_TAG, status):
             count = status.Get_count(MPI.DOUBLE)
-            if count % ORDER_WIDTH:
-                raise ProtocolError(f"orders of {count} values from rank 0 (not rows of {ORDER_WIDTH})")
             if count > self.order_buf.size:  # a decision that released many workers at once
                 self.order_buf = np.empty(count)
             comm.Recv([self.order_buf[:count], MPI.DOUBLE], 0, ORDER_TAG)
-            rows = self.order_buf[:count].reshape(-1, ORDER_WIDTH)
-            self.queue.extend((OP.get(int(op)), int(a), int(b)) for op, a, b in rows)
+            self.queue.extend(decode_orders(self.order_buf[:count]))
             took = True
         return took
 
@@ -123,33 +120,27 @@ class ShardServer:
         have come."""
         did = False
         while self.queue:
-            op, a, b = self.queue[0]
-            if op == "apply":
-                if not self._take_push(a):
+            order = self.queue[0]
+            kind = type(order)
+            if kind is ApplyOrder:
+                if not self._take_push(order.worker):
                     break
-                self.store.apply(a, b)
-            elif op == "round":
-                members = [self.queue[1 + k][1] for k in range(a)] if len(self.queue) > a else None
-                if members is None or not all(self.complete[w] for w in members):
+                self.store.apply(order.worker, order.version)
+            elif kind is RoundOrder:
+                if not all(self.complete[w] for w in order.members):
                     break
-                if any(self.queue[1 + k][0] != "member" for k in range(a)):
-                    raise ProtocolError(f"a round of {a} members is followed by other orders")
-                for w in members:
+                for w in order.members:
                     self._take_push(w)
-                for _ in range(a):
-                    self.queue.popleft()
                 self.store.settle(self.ctx.backoff(), lambda: None)
-                self.store.apply_round(members, b, [])
-            elif op == "reply":
-                if self.outstanding[a] and not self.complete[a]:
+                self.store.apply_round(list(order.members), order.version, [])
+            elif kind is ReplyOrder:
+                if self.outstanding[order.worker] and not self.complete[order.worker]:
                     break
-                self._reply(a, bool(b))
-            elif op == "snapshot":
-                self._send_snapshot(with_velocity=bool(b))
-            elif op == "end":
+                self._reply(order.worker, order.stop)
+            elif kind is SnapshotOrder:
+                self._send_snapshot(order.with_velocity)
+            elif kind is EndOrder:
                 self.ended = True
-            else:
-                raise ProtocolError(f"unknown order {self.queue[0]} from rank 0")
             self.queue.popleft()
             did = True
         return did

@@ -97,7 +97,7 @@ def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, it
                       progress=lambda pushes: progress.update(pushes))
     seconds = time.perf_counter() - started
     progress.close(result.pushes)
-    policy_tables = _record_rows(policy.take_records())  # written and summarised both
+    policy_tables = _record_rows(result.records)  # written and summarised both
 
     parts = [source.parts(w, result.start[w], result.push[w]) for w in range(workers)]
     iterations_rows = [_iteration_rows(result, w, parts[w]) for w in range(workers)]

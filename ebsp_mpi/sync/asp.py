@@ -1,7 +1,7 @@
 """Asynchronous Parallel: every push is its own optimizer step, nobody waits.
 
 Hogwild-style parameter-server training (Dean et al., "Large scale distributed deep networks",
-NIPS 2012; DESIGN.md "Synchronization models"): the server applies each gradient on arrival and
+NIPS 2012; docs/design.md "Synchronization models"): the server applies each gradient on arrival and
 answers the pusher's pull at once, so staleness is unbounded.
 """
 

@@ -68,7 +68,7 @@ class SyncPolicy(ABC):
     Parameters
     ----------
     workers : int
-        Number of workers, indexed 0..workers-1 (worker i is MPI rank i+1).
+        Number of workers, indexed 0..workers-1 (worker i is MPI rank i + runtime.servers).
     """
 
     #: Name used in job files (``sync.model``) and in summary.json.

@@ -4,7 +4,7 @@ Round c is complete when every active worker has pushed its c-th gradient. The s
 worker's gradient of the round as it arrives (the policy is ``round_based``); when the round completes
 it averages them (summed in worker order, ``nn.average.round_mean``), applies the mean as one optimizer
 step and answers every held pull with the same new weights (Valiant,
-"A bridging model for parallel computation", CACM 1990; DESIGN.md "Synchronization models").
+"A bridging model for parallel computation", CACM 1990; docs/design.md "Synchronization models").
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ SSP(s) and SSP(s + r), and DSSP with r = 0 identical to SSP(s)):
   (so the threshold never exceeds s + r). On the first crossing (lead s + 1) that range is [0, r].
 - **Every worker, not only the fastest.** The paper runs the controller only for the fastest worker;
   with several equally fast workers that lets whichever arrives first run ahead while its twins wait,
-  an artefact of arrival order, so any worker past the lower bound is planned for (DESIGN.md).
+  an artefact of arrival order, so any worker past the lower bound is planned for (docs/design.md).
 - **Intervals.** A worker's iteration interval is the time from its last release (weights answered)
   to its last push: the paper's push-to-push interval without the time the server held it, which is
   the server's doing, not the worker's speed. A worker with fewer than two pushes has no usable

@@ -25,7 +25,7 @@ _BUILDERS: dict[str, Callable[[SyncConfig, int, int], SyncPolicy]] = {
     "psp": lambda s, n, seed: PSP(n, sample=s.sample, staleness=s.staleness, seed=seed),
 }
 
-#: Every model name ``make_policy`` accepts, in the order DESIGN.md lists them (``sync.model``'s choices).
+#: Every model name ``make_policy`` accepts, in the order docs/design.md lists them (``sync.model``'s choices).
 POLICIES = tuple(_BUILDERS)
 
 

@@ -1,20 +1,17 @@
-"""A discrete-event simulation of virtual workers driven by a sync policy (no MPI, no arrays of weights).
+"""A discrete-event simulation of virtual workers whose sync decisions the coordinator makes (no MPI,
+no arrays of weights).
 
 Each worker repeats: receive weights (be *released*), compute for its iteration interval, *push*.
-The simulation feeds the pushes to the policy in time order, exactly as the parameter server would,
-and releases whom the policy names. It is deterministic: pushes at equal times are handled in worker
-order. It serves the unit tests (invariants of every model) and ``python -m ebsp_mpi simulate``
-(:mod:`ebsp_mpi.simrun`), which writes what it observed as a run directory.
+The simulation feeds the pushes in time order to the same :class:`~.coordinator.Coordinator` the
+parameter server uses, and carries out its actions: a reply starts the worker's next iteration or
+stops it. It decides nothing itself, so the limits, the time limit, BSP's rounds and the departures
+are the server's. It is deterministic: pushes at equal times are handled in worker order. It serves
+the unit tests (invariants of every model) and ``python -m ebsp_mpi simulate`` (:mod:`ebsp_mpi.sim`),
+which writes what it observed as a run directory.
 
-Protocol as simulated (see :mod:`ebsp_mpi.sync.base`), as the server (``runtime/server.py``) runs it:
-
-1. ``policy.start(t0)`` releases the workers for their first iteration.
-2. A worker released at time r for its k-th iteration (k = 0, 1, ...) pushes at r + interval(w, k, r)
-   and calls ``policy.on_push``.
-3. After its ``iterations``-th push a worker stops: ``policy.on_push`` is still called (the gradient
-   counts), any release of that worker is ignored, and ``policy.on_leave`` follows at the same time.
-   With a time limit ``until``, a worker released at ``t >= until`` stops there instead of starting
-   another iteration (the server's stop reply), and ``policy.on_leave`` follows.
+A worker released at time r for its k-th iteration (k = 0, 1, ...) pushes at r + interval(w, k, r).
+After its ``iterations``-th push it gets its stop reply at once; with a time limit ``until``, a
+worker released at ``t >= until`` gets a stop reply instead of weights.
 
 The *wait* of a push is the time from the push to the worker's next release (the pull held by the
 sync model); a worker's last push has no wait, unless the time limit stopped it while held.
@@ -23,8 +20,8 @@ Versions count optimizer steps as the server does: every push is one, except und
 policy (BSP), where a completed round with pushes in it is one. Each iteration records the version it
 started from and the version its push found on arrival; their difference is the push's staleness.
 
-Cost per push: a heap operation, the policy's call (O(log n) or amortised O(1), see
-:mod:`ebsp_mpi.sync.base`) and a few appends to per-worker arrays (8 bytes each), so that a run of
+Cost per push: a heap operation, the coordinator's and the policy's calls (O(log n) or amortised
+O(1), see :mod:`ebsp_mpi.sync.base`) and a few appends to per-worker arrays (8 bytes each), so that a run of
 millions of pushes fits in memory. ``bench simulate`` measures it against a bare :mod:`heapq` loop.
 """
 
@@ -38,7 +35,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .base import Decision, SyncPolicy
+from .base import Record, SyncPolicy
+from .coordinator import Apply, Coordinator, Reply, Round
 
 #: Per-worker constant intervals (seconds); ``interval(worker, k)`` for worker's k-th iteration; an
 #: (n, m) array whose row w worker w cycles through; or an object with ``interval(worker, k, t)`` (t:
@@ -110,6 +108,8 @@ class SimResult:
         The policy's barrier count at the end.
     versions : int
         Optimizer steps applied (the final version).
+    records : list of Record
+        The policy's trace rows (barriers, ZipLine calls), in the order it made them.
     """
 
     policy: str
@@ -123,6 +123,7 @@ class SimResult:
     releases: list[Release] = field(default_factory=list)
     barriers: int = 0
     versions: int = 0
+    records: list[Record] = field(default_factory=list)
 
     @property
     def workers(self) -> int:
@@ -191,83 +192,71 @@ def simulate(policy: SyncPolicy, intervals: Intervals, iterations: int | None = 
         raise ValueError(f"iterations must be an integer >= 1, got {iterations!r}")
     if iterations is None and not until < math.inf:
         raise ValueError("simulate needs an iteration count or a finite time limit (until)")
-    limit = -1 if iterations is None else int(iterations)
-    round_based = policy.round_based
+    coordinator = Coordinator(policy, [iterations] * n, until)
+    count = coordinator.pushes  # pushes of each worker (the coordinator's own list, read only)
     starts, pushes = [array("d") for _ in range(n)], [array("d") for _ in range(n)]
     used, before = [array("q") for _ in range(n)], [array("q") for _ in range(n)]
-    count = [0] * n  # pushes of each worker
     wait = [0.0] * n
     end = [math.nan] * n
     stop_version = [0] * n
     pulled_at: list[float | None] = [t0] * n  # when a worker's pull became pending; None: not pending
     heap: list[tuple[float, int]] = []
     releases: list[Release] = []
-    stopping: list[tuple[int, float]] = []  # released at or after `until`: stop reply out, on_leave due
-    version = round_pushes = 0
-
-    def carry_out(decision: Decision, t: float, leaving: int) -> None:
-        nonlocal version, round_pushes
-        if decision.apply_round and round_pushes:
-            version += 1
-            round_pushes = 0
-        release = decision.release
-        if leaving >= 0 and leaving in release:
-            release = tuple(w for w in release if w != leaving)
-        if not release:
-            return
-        if keep_releases:
-            releases.append(Release(t, tuple(release), tuple(policy.pushes(w) for w in release),
-                                    policy.min_done(), len(policy.active), decision.apply_round))
-        for w in release:
-            since = pulled_at[w]
-            if since is None:
-                raise RuntimeError(f"policy {policy.name!r} released worker {w} at t={t}, "
-                                   f"whose pull was not pending")
-            pulled_at[w] = None
-            wait[w] += t - since
-            if t >= until:
-                stopping.append((w, t))
-                continue
-            starts[w].append(t)
-            used[w].append(version)
-            heapq.heappush(heap, (t + interval(w, count[w], t), w))
-
-    def retire(w: int, t: float) -> None:
-        pulled_at[w] = None
-        end[w] = t
-        stop_version[w] = version
-        carry_out(policy.on_leave(w, t), t, w)
-
-    carry_out(policy.start(t0), t0, -1)
-    events = 0
-    on_push, heappop, heappush = policy.on_push, heapq.heappop, heapq.heappush
+    records: list[Record] = []
+    heappop, heappush = heapq.heappop, heapq.heappush
     push_append, before_append = [a.append for a in pushes], [a.append for a in before]
     start_append, used_append = [a.append for a in starts], [a.append for a in used]
-    general = keep_releases or until < math.inf
-    while True:
-        while stopping:  # a departure may release (and so stop) others: a work list, not recursion
-            retire(*stopping.pop(0))
-        if not heap:
-            break
-        t, w = heappop(heap)
-        k = count[w]
-        push_append[w](t)
-        before_append[w](version)
-        count[w] = k + 1
-        if round_based:
-            round_pushes += 1
+
+    def reply(r: Reply, t: float) -> None:
+        """Carry out one reply: the worker starts its next iteration, or stops."""
+        w = r.worker
+        since = pulled_at[w]
+        if since is None:
+            raise RuntimeError(f"policy {policy.name!r} released worker {w} at t={t}, whose pull was not pending")
+        pulled_at[w] = None
+        wait[w] += t - since
+        if r.stop:
+            end[w], stop_version[w] = t, r.version
         else:
-            version += 1
+            start_append[w](t)
+            used_append[w](r.version)
+            heappush(heap, (t + interval(w, count[w], t), w))
+
+    def carry_out(actions: list, t: float) -> None:
+        """The coordinator's actions, in order; without weights, an apply or a round only counts (the
+        coordinator counts the versions)."""
+        released, closed = [], False
+        for a in actions:
+            kind = type(a)
+            if kind is Reply:
+                reply(a, t)
+                if not a.stop:
+                    released.append(a.worker)
+            elif kind is Round:
+                closed = True
+                for r in a.replies:
+                    reply(r, t)
+                    if not r.stop:
+                        released.append(r.worker)
+            elif kind is Record:
+                records.append(a)
+        if keep_releases and released:
+            releases.append(Release(t, tuple(released), tuple(policy.pushes(w) for w in released),
+                                    policy.min_done(), len(policy.active), closed))
+
+    carry_out(coordinator.start(t0), t0)
+    events = 0
+    for_push = coordinator.push
+    while heap:
+        t, w = heappop(heap)
+        push_append[w](t)
+        before_append[w](coordinator.version)
         pulled_at[w] = t
-        decision = on_push(w, t)
-        release = decision.release
-        if k + 1 == limit:
-            carry_out(decision, t, w)
-            retire(w, t)
-        elif general or decision.apply_round or len(release) > 1:
-            carry_out(decision, t, -1)
-        elif release:  # one worker released and nothing else: carry_out's common case, written out for speed
-            v = release[0]
+        actions = for_push(w, t)
+        if not keep_releases and len(actions) == 2 and type(actions[1]) is Reply and not actions[1].stop \
+                and type(actions[0]) is Apply:
+            # one push applied and its worker released, nothing else: the common case, written out for speed
+            v = actions[1].worker
             since = pulled_at[v]
             if since is None:
                 raise RuntimeError(f"policy {policy.name!r} released worker {v} at t={t}, "
@@ -275,8 +264,10 @@ def simulate(policy: SyncPolicy, intervals: Intervals, iterations: int | None = 
             pulled_at[v] = None
             wait[v] += t - since
             start_append[v](t)
-            used_append[v](version)
+            used_append[v](actions[1].version)
             heappush(heap, (t + interval(v, count[v], t), v))
+        else:
+            carry_out(actions, t)
         events += 1
         if progress is not None and not events % PROGRESS_EVERY:
             progress(events)
@@ -291,7 +282,7 @@ def simulate(policy: SyncPolicy, intervals: Intervals, iterations: int | None = 
         policy=policy.name, start=[_numpy(a, np.float64) for a in starts], push=[_numpy(a, np.float64) for a in pushes],
         used=[_numpy(a, np.int64) for a in used], before=[_numpy(a, np.int64) for a in before],
         end=np.array(end), stop_version=np.array(stop_version, dtype=np.int64), wait=np.array(wait),
-        releases=releases, barriers=policy.barriers, versions=version)
+        releases=releases, barriers=policy.barriers, versions=coordinator.version, records=records)
 
 
 def _numpy(values: array, dtype) -> np.ndarray:

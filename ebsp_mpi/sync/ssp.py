@@ -3,7 +3,7 @@
 Ho et al., "More effective distributed ML via a stale synchronous parallel parameter server",
 NIPS 2013. With ``done_i`` the pushes of worker i, worker i may start its next iteration only while
 ``done_i - min_j done_j <= s`` over the active workers; otherwise its pull is held until the slowest
-worker catches up (DESIGN.md "Synchronization models"). ``s = 0`` is lockstep, although unlike BSP
+worker catches up (docs/design.md "Synchronization models"). ``s = 0`` is lockstep, although unlike BSP
 each gradient is still applied on arrival as its own optimizer step.
 """
 
