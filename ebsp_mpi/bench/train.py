@@ -40,20 +40,22 @@ COMMON = ["stop.epochs=0", "straggler.enabled=false", "eval.every_seconds=1e9"]
 TARGETS = {("small", "bsp", "single process"): (">=", 0.30), ("small", "bsp", "PyTorch DDP (gloo)"): (">=", 5.0)}
 
 
-def _env() -> dict:
+def _env(mpiexec: list[str] | None = None) -> dict:
+    """One BLAS thread per process; for Open MPI's launcher run as root, its permission too."""
     import os
 
-    from ..runtime.env import cap_blas_threads
+    from ..runtime.env import cap_blas_threads, launch_env
 
-    return cap_blas_threads(dict(os.environ))
+    env = cap_blas_threads(dict(os.environ))
+    return launch_env(mpiexec, env) if mpiexec else env
 
 
-def _run_summary(cmd: list[str], timeout: float) -> dict:
+def _run_summary(cmd: list[str], timeout: float, env: dict) -> dict:
     """Run one training command in a fresh run directory; its summary.json."""
     with tempfile.TemporaryDirectory(prefix="ebsp-bench-train-") as tmp:
         out = Path(tmp) / "run"
         proc = subprocess.run([*cmd, "-q", "--out", str(out)], capture_output=True, text=True,
-                              timeout=timeout, env=_env())
+                              timeout=timeout, env=env)
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-2000:]}")
         return json.loads((out / "summary.json").read_text())
@@ -61,13 +63,15 @@ def _run_summary(cmd: list[str], timeout: float) -> dict:
 
 def mpi_run(mpiexec: list[str], workers: int, overrides: list[str], timeout: float) -> float:
     sets = [a for o in overrides for a in ("--set", o)]
-    cmd = [*mpiexec, "-n", str(workers + 1), sys.executable, "-m", "ebsp_mpi", "train", *sets]
-    return _run_summary(cmd, timeout)["samples_per_second"]
+    from ..runtime.env import launch_command
+
+    cmd = [*launch_command(mpiexec, workers + 1), sys.executable, "-m", "ebsp_mpi", "train", *sets]
+    return _run_summary(cmd, timeout, _env(mpiexec))["samples_per_second"]
 
 
 def single_run(workers: int, overrides: list[str], timeout: float) -> float:
     sets = [a for o in overrides + [f"sync.workers={workers}"] for a in ("--set", o)]
-    return _run_summary([sys.executable, "-m", "ebsp_mpi", "train", *sets], timeout)["samples_per_second"]
+    return _run_summary([sys.executable, "-m", "ebsp_mpi", "train", *sets], timeout, _env())["samples_per_second"]
 
 
 def ddp_run(workers: int, overrides: list[str], timeout: float) -> float:
