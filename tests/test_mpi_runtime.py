@@ -71,6 +71,55 @@ def test_bsp_run_in_process_equals_the_single_process_oracle(ctx):
     assert verdict == pytest.approx(0.0, abs=1e-5)
 
 
+def _started_server(ctx, job, run_dir):
+    """Rank 0's server with every worker's initial weights sent (its loop not started)."""
+    from pathlib import Path
+
+    from ebsp_mpi.runtime.server import Server
+
+    server = Server(ctx, job, Path(run_dir), show_progress=False)
+    server._carry_out(server.coordinator.start(0.0), 0.0)
+    return server
+
+
+def _poll_until(server, done, deadline_s: float = 30.0) -> bool:
+    """Run the server's push and reply polls until ``done(progressed)`` holds for a push poll's
+    outcome (True), or the deadline passes (False; a guard against a hang, not a timing)."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        progressed = server._serve_pushes()
+        server.store.complete_replies()
+        if done(progressed):
+            return True
+    return False
+
+
+def _close(server) -> None:
+    """Leave no receive posted and no reply sending behind."""
+    from mpi4py import MPI
+
+    for r in server.store.recvs:
+        if r.Test() is False:
+            r.Cancel()
+            r.Wait()
+    for reply in server.store.replies:
+        MPI.Request.Waitall(reply.requests)
+
+
+def _worker_with_weights(ctx, job, run_dir):
+    """A worker that has received its initial weights (its loop not started)."""
+    from pathlib import Path
+
+    from mpi4py import MPI
+
+    from ebsp_mpi.runtime.worker import Worker
+
+    worker = Worker(ctx, job, Path(run_dir))
+    MPI.Prequest.Startall(worker.pulls)
+    MPI.Request.Waitall(worker.pulls)
+    return worker
+
+
 def test_a_poll_that_takes_part_of_a_push_reports_progress(ctx):
     """While the parts of a push arrive one by one, each poll that takes one reports progress, so the
     server loop polls again at once instead of sleeping between the parts (the back-off's sleeps
@@ -83,33 +132,14 @@ def test_a_poll_that_takes_part_of_a_push_reports_progress(ctx):
     run_dir = shared_tmpdir(ctx)
     verdict = None
     if ctx.rank == 0:
-        from pathlib import Path
-
-        from ebsp_mpi.runtime.server import Server
-
-        server = Server(ctx, job, Path(run_dir), show_progress=False)
-        server._carry_out(server.coordinator.start(0.0), 0.0)
+        server = _started_server(ctx, job, run_dir)
         first = server.layout.chunks[0]
         ctx.comm.bcast((first.tag, first.size), root=0)
-        deadline, progressed = time.monotonic() + 30, False
-        while not progressed and time.monotonic() < deadline:  # a guard against a hang, not a timing
-            progressed = server._serve_pushes()
-            server.store.complete_replies()
+        progressed = _poll_until(server, lambda progressed: progressed)
         verdict = (progressed, sum(server.coordinator.pushes), int(server.store.missing[0]), server.store.parts)
-        for r in server.store.recvs:  # leave no receive posted behind
-            if r.Test() is False:
-                r.Cancel()
-                r.Wait()
-        for reply in server.store.replies:
-            MPI.Request.Waitall(reply.requests)
+        _close(server)
     else:
-        from pathlib import Path
-
-        from ebsp_mpi.runtime.worker import Worker
-
-        worker = Worker(ctx, job, Path(run_dir))
-        MPI.Prequest.Startall(worker.pulls)
-        MPI.Request.Waitall(worker.pulls)
+        _worker_with_weights(ctx, job, run_dir)
         tag, size = ctx.comm.bcast(None, root=0)
         if ctx.rank == 1:  # the first chunk of a push, and nothing more: no header
             ctx.comm.Send([np.zeros(size, np.float32), MPI.FLOAT], 0, tag)
@@ -123,40 +153,20 @@ def test_short_push_is_a_protocol_error_not_a_hang(ctx):
     from mpi4py import MPI
 
     from ebsp_mpi.config import load_job
-    from ebsp_mpi.runtime.protocol import ProtocolError
-    from ebsp_mpi.runtime.server import Server
+    from ebsp_mpi.runtime.protocol import CHUNK_TAG0, ProtocolError
 
     job = load_job(None, ["stop.iterations=5", "trace.enabled=false"])
     run_dir = shared_tmpdir(ctx)
     message = None
     if ctx.rank == 0:
-        from pathlib import Path
-
-        server = Server(ctx, job, Path(run_dir), show_progress=False)
-        server._carry_out(server.coordinator.start(0.0), 0.0)
-        deadline = time.monotonic() + 30
+        server = _started_server(ctx, job, run_dir)
         try:
-            while time.monotonic() < deadline:
-                server._serve_pushes()
-                server.store.complete_replies()
+            _poll_until(server, lambda progressed: False)
         except ProtocolError as e:
             message = str(e)
-        for r in server.store.recvs:  # leave no receive posted behind
-            if r.Test() is False:
-                r.Cancel()
-                r.Wait()
-        for reply in server.store.replies:
-            MPI.Request.Waitall(reply.requests)
-    else:
-        # a real worker receives the initial weights; then rank 1 sends a first chunk one value short
-        from pathlib import Path
-
-        from ebsp_mpi.runtime.protocol import CHUNK_TAG0
-        from ebsp_mpi.runtime.worker import Worker
-
-        worker = Worker(ctx, job, Path(run_dir))
-        MPI.Prequest.Startall(worker.pulls)
-        MPI.Request.Waitall(worker.pulls)
+        _close(server)
+    else:  # a real worker receives the initial weights; then rank 1 sends a first chunk one value short
+        _worker_with_weights(ctx, job, run_dir)
         if ctx.rank == 1:
             ctx.comm.Send([np.zeros(3, np.float32), MPI.FLOAT], 0, CHUNK_TAG0)
     message = ctx.comm.bcast(message, root=0)
