@@ -185,104 +185,113 @@ def simulate(policy: SyncPolicy, intervals: Intervals, iterations: int | None = 
     RuntimeError
         When the policy releases a worker whose pull is not pending.
     """
-    n = policy.workers
-    interval = _interval_function(intervals, n)
+    interval = _interval_function(intervals, policy.workers)
     if iterations is not None and (isinstance(iterations, bool) or not isinstance(iterations, (int, np.integer))
                                    or iterations < 1):
         raise ValueError(f"iterations must be an integer >= 1, got {iterations!r}")
     if iterations is None and not until < math.inf:
         raise ValueError("simulate needs an iteration count or a finite time limit (until)")
-    coordinator = Coordinator(policy, [iterations] * n, until)
-    count = coordinator.pushes  # pushes of each worker (the coordinator's own list, read only)
-    starts, pushes = [array("d") for _ in range(n)], [array("d") for _ in range(n)]
-    used, before = [array("q") for _ in range(n)], [array("q") for _ in range(n)]
-    wait = [0.0] * n
-    end = [math.nan] * n
-    stop_version = [0] * n
-    pulled_at: list[float | None] = [t0] * n  # when a worker's pull became pending; None: not pending
-    heap: list[tuple[float, int]] = []
-    releases: list[Release] = []
-    records: list[Record] = []
-    heappop, heappush = heapq.heappop, heapq.heappush
-    push_append, before_append = [a.append for a in pushes], [a.append for a in before]
-    start_append, used_append = [a.append for a in starts], [a.append for a in used]
+    run = _Run(Coordinator(policy, [iterations] * policy.workers, until), interval, keep_releases, t0)
+    run.carry_out(run.coordinator.start(t0), t0)
+    run.loop(progress)
+    return run.result()
 
-    def reply(r: Reply, t: float) -> None:
+
+class _Run:
+    """One simulation: the workers' records, the heap of pending pushes, and the coordinator's
+    actions carried out on them."""
+
+    def __init__(self, coordinator: Coordinator, interval, keep_releases: bool, t0: float):
+        n = coordinator.workers
+        self.coordinator, self.policy, self.interval = coordinator, coordinator.policy, interval
+        self.keep_releases = keep_releases
+        self.starts, self.pushes = [array("d") for _ in range(n)], [array("d") for _ in range(n)]
+        self.used, self.before = [array("q") for _ in range(n)], [array("q") for _ in range(n)]
+        self.wait, self.end, self.stop_version = [0.0] * n, [math.nan] * n, [0] * n
+        self.pulled_at: list[float | None] = [t0] * n  # when a worker's pull became pending; None: not
+        self.heap: list[tuple[float, int]] = []
+        self.releases: list[Release] = []
+        self.records: list[Record] = []
+
+    def reply(self, r: Reply, t: float) -> None:
         """Carry out one reply: the worker starts its next iteration, or stops."""
         w = r.worker
-        since = pulled_at[w]
+        since = self.pulled_at[w]
         if since is None:
-            raise RuntimeError(f"policy {policy.name!r} released worker {w} at t={t}, whose pull was not pending")
-        pulled_at[w] = None
-        wait[w] += t - since
+            raise RuntimeError(f"policy {self.policy.name!r} released worker {w} at t={t}, "
+                               f"whose pull was not pending")
+        self.pulled_at[w] = None
+        self.wait[w] += t - since
         if r.stop:
-            end[w], stop_version[w] = t, r.version
+            self.end[w], self.stop_version[w] = t, r.version
         else:
-            start_append[w](t)
-            used_append[w](r.version)
-            heappush(heap, (t + interval(w, count[w], t), w))
+            self.starts[w].append(t)
+            self.used[w].append(r.version)
+            heapq.heappush(self.heap, (t + self.interval(w, self.coordinator.pushes[w], t), w))
 
-    def carry_out(actions: list, t: float) -> None:
+    def carry_out(self, actions: list, t: float) -> None:
         """The coordinator's actions, in order; without weights, an apply or a round only counts (the
         coordinator counts the versions)."""
         released, closed = [], False
         for a in actions:
-            kind = type(a)
-            if kind is Reply:
-                reply(a, t)
-                if not a.stop:
-                    released.append(a.worker)
-            elif kind is Round:
-                closed = True
-                for r in a.replies:
-                    reply(r, t)
-                    if not r.stop:
-                        released.append(r.worker)
-            elif kind is Record:
-                records.append(a)
-        if keep_releases and released:
-            releases.append(Release(t, tuple(released), tuple(policy.pushes(w) for w in released),
-                                    policy.min_done(), len(policy.active), closed))
+            replies = a.replies if type(a) is Round else (a,) if type(a) is Reply else ()
+            closed |= type(a) is Round
+            for r in replies:
+                self.reply(r, t)
+                if not r.stop:
+                    released.append(r.worker)
+            if type(a) is Record:
+                self.records.append(a)
+        if self.keep_releases and released:
+            policy = self.policy
+            self.releases.append(Release(t, tuple(released), tuple(policy.pushes(w) for w in released),
+                                         policy.min_done(), len(policy.active), closed))
 
-    carry_out(coordinator.start(t0), t0)
-    events = 0
-    for_push = coordinator.push
-    while heap:
-        t, w = heappop(heap)
-        push_append[w](t)
-        before_append[w](coordinator.version)
-        pulled_at[w] = t
-        actions = for_push(w, t)
-        if not keep_releases and len(actions) == 2 and type(actions[1]) is Reply and not actions[1].stop \
-                and type(actions[0]) is Apply:
-            # one push applied and its worker released, nothing else: the common case, written out for speed
-            v = actions[1].worker
-            since = pulled_at[v]
-            if since is None:
-                raise RuntimeError(f"policy {policy.name!r} released worker {v} at t={t}, "
-                                   f"whose pull was not pending")
-            pulled_at[v] = None
-            wait[v] += t - since
-            start_append[v](t)
-            used_append[v](actions[1].version)
-            heappush(heap, (t + interval(v, count[v], t), v))
-        else:
-            carry_out(actions, t)
-        events += 1
-        if progress is not None and not events % PROGRESS_EVERY:
-            progress(events)
+    def loop(self, progress) -> None:
+        """Take the pushes in time order until none is pending."""
+        heap, pulled_at, push, pushes = self.heap, self.pulled_at, self.coordinator.push, self.coordinator.pushes
+        push_append, before_append = [a.append for a in self.pushes], [a.append for a in self.before]
+        start_append, used_append = [a.append for a in self.starts], [a.append for a in self.used]
+        wait, interval, heappop, heappush, coordinator = self.wait, self.interval, heapq.heappop, heapq.heappush, \
+            self.coordinator
+        fast = not self.keep_releases
+        events = 0
+        while heap:
+            t, w = heappop(heap)
+            push_append[w](t)
+            before_append[w](coordinator.version)
+            pulled_at[w] = t
+            actions = push(w, t)
+            if fast and len(actions) == 2 and type(actions[0]) is Apply and type(actions[1]) is Reply \
+                    and not actions[1].stop and pulled_at[actions[1].worker] is not None:
+                # one push applied and a worker released, nothing else: reply() written out for speed
+                v = actions[1].worker
+                wait[v] += t - pulled_at[v]
+                pulled_at[v] = None
+                start_append[v](t)
+                used_append[v](actions[1].version)
+                heappush(heap, (t + interval(v, pushes[v], t), v))
+            else:
+                self.carry_out(actions, t)
+            events += 1
+            if progress is not None and not events % PROGRESS_EVERY:
+                progress(events)
 
-    stuck = [w for w in range(n) if pulled_at[w] is not None]
-    if stuck:
-        raise SimulationDeadlock(
-            f"policy {policy.name!r} holds workers {stuck[:20]}{'...' if len(stuck) > 20 else ''} with no push "
-            f"pending (pushes done: {[count[w] for w in stuck[:20]]}, held: {sorted(policy.held)[:20]})"
-        )
-    return SimResult(
-        policy=policy.name, start=[_numpy(a, np.float64) for a in starts], push=[_numpy(a, np.float64) for a in pushes],
-        used=[_numpy(a, np.int64) for a in used], before=[_numpy(a, np.int64) for a in before],
-        end=np.array(end), stop_version=np.array(stop_version, dtype=np.int64), wait=np.array(wait),
-        releases=releases, barriers=policy.barriers, versions=coordinator.version, records=records)
+    def result(self) -> SimResult:
+        """What was observed; a policy that holds workers no push can release is a deadlock."""
+        policy, count = self.policy, self.coordinator.pushes
+        stuck = [w for w, since in enumerate(self.pulled_at) if since is not None]
+        if stuck:
+            raise SimulationDeadlock(
+                f"policy {policy.name!r} holds workers {stuck[:20]}{'...' if len(stuck) > 20 else ''} with no "
+                f"push pending (pushes done: {[count[w] for w in stuck[:20]]}, held: {sorted(policy.held)[:20]})")
+        return SimResult(
+            policy=policy.name, start=[_numpy(a, np.float64) for a in self.starts],
+            push=[_numpy(a, np.float64) for a in self.pushes], used=[_numpy(a, np.int64) for a in self.used],
+            before=[_numpy(a, np.int64) for a in self.before], end=np.array(self.end),
+            stop_version=np.array(self.stop_version, dtype=np.int64), wait=np.array(self.wait),
+            releases=self.releases, barriers=policy.barriers, versions=self.coordinator.version,
+            records=self.records)
 
 
 def _numpy(values: array, dtype) -> np.ndarray:
