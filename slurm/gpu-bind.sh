@@ -2,7 +2,7 @@
 # Run a command with the GPU of this rank: none for the server ranks (0..k-1, k = $EBSP_SERVERS, default
 # 1: they run on the CPU), one per worker rank. srun starts it once per rank, e.g.
 #
-#   srun --mpi=pmix slurm/gpu-bind.sh python -m ebsp_mpi train ...
+#   srun --mpi=pmi2 slurm/gpu-bind.sh python -m ebsp_mpi train ...   (--mpi: python -m ebsp_mpi.slurm mpi)
 #
 # The rank's GPU is picked from the GPUs Slurm made visible on its node (CUDA_VISIBLE_DEVICES) by its
 # node-local task id SLURM_LOCALID; on the node of the servers the workers have local ids k, k+1, ..., so

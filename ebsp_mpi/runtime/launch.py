@@ -30,6 +30,7 @@ from ..config import JobConfig
 from ..errors import UsageError
 from ..outputs import describe_run, make_run_dir, remove_if_unused, training_failed
 from . import comm as mpi
+from .env import world_size_from_env
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,11 @@ log = logging.getLogger(__name__)
 def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True, resume: bool = False) -> int:
     """Run this rank's part of the job; returns the process exit code. With `resume`, `out` is the run
     directory of a run to continue from its checkpoint."""
+    world, announced = mpi.MPI.COMM_WORLD.Get_size(), world_size_from_env()
+    if world != announced:  # srun --mpi=none, say: every task an MPI job of its own, each one's rank 0
+        raise UsageError(f"the launcher started {announced} processes, but MPI sees a world of {world}: the "
+                         f"launcher and this MPI library do not speak the same process-management interface "
+                         f"(under srun: --mpi=$(python -m ebsp_mpi.slurm mpi); see slurm/README.md)")
     ctx = mpi.setup()
     ctx.servers = job.runtime.servers
     if ctx.rank != 0:

@@ -24,7 +24,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--out", metavar="DIR", help="sweep directory (default runs/sweep-<name>-<timestamp>)")
     p.add_argument("--dry-run", action="store_true", help="print the members' commands and exit")
     p.add_argument("--mpiexec", metavar="CMD",
-                   help="launcher, e.g. 'srun --mpi=pmix' (default: $MPIEXEC, else the mpiexec next to "
+                   help="launcher, e.g. 'srun --mpi=pmi2' (default: $MPIEXEC, else the mpiexec next to "
                         "this Python, else mpiexec on PATH)")
     p.add_argument("--wrapper", metavar="CMD", default="",
                    help="command every rank runs Python under, e.g. slurm/gpu-bind.sh")
