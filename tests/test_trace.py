@@ -385,3 +385,18 @@ def test_a_writer_holds_no_more_memory_after_many_flushes(tmp_path):
         tracemalloc.stop()
         writer.close()
     assert grown < 4096, f"{grown} bytes more after 300 more flushes"
+
+
+def test_a_continued_trace_drops_the_rows_beyond_its_checkpoint_and_appends_after_them(tmp_path):
+    """A resumed run reopens its rank files (append=True), truncates each table at the checkpoint and
+    writes on: the kept rows, then the new ones, nothing else."""
+    rows = random_rows(TABLES["pushes"], 300, np.random.default_rng(3))
+    rows["t"] = np.arange(300, dtype=float)
+    with TraceWriter(tmp_path / "r.h5", {"rank": 0}, flush_seconds=1e9) as writer:
+        for row in rows[:200]:
+            writer.append("pushes", row.item())
+    with TraceWriter(tmp_path / "r.h5", {"rank": 0}, flush_seconds=1e9, append=True) as writer:
+        assert writer.truncate("pushes", "t", 149.5) == 150
+        for row in rows[150:]:
+            writer.append("pushes", row.item())
+    np.testing.assert_array_equal(read_trace(tmp_path / "r.h5").tables["pushes"], rows)

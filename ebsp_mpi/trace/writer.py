@@ -3,9 +3,10 @@ table's buffer is full.
 
 What a rank holds for its trace never grows with the run: each table's buffer has a fixed number of
 rows (:data:`_BUFFER_ROWS`, allocated when the writer is made), and a full one is flushed instead of
-grown; rows are written through h5py's low-level calls, which leave no cyclic garbage behind (the
-high-level ``dataset[a:b] = rows`` left some 150 bytes per flush for the cycle collector, which the
-peak memory of an OSDP worker counted as growth).
+grown. Rows are written through h5py's low-level calls on dataspaces and types made once per table
+(:class:`_Table`): the high-level ``dataset[a:b] = rows`` left some 150 bytes of cyclic garbage per
+flush, and every h5py object made and dropped churns h5py's registry of objects, which grows in steps
+of some 5 KB; an OSDP worker's measured peak counted both as growth with the run's length.
 
 File settings, and why:
 
@@ -36,7 +37,7 @@ from typing import Any
 
 import h5py
 import numpy as np
-from h5py import h5s
+from h5py import h5s, h5t
 
 from ..errors import OutputError
 from ..safe_text import clean_text, clean_tree
@@ -93,6 +94,23 @@ class _TableBuffer:
         self.count = 0
 
 
+class _Table:
+    """A table's dataset in the file, the dataspace that selects where the next rows go, and its length
+    (kept here: asking the dataset makes a new h5py object)."""
+
+    __slots__ = ("dataset", "rows", "space")
+
+    def __init__(self, dataset: h5py.Dataset):
+        self.dataset = dataset
+        self.space = dataset.id.get_space()
+        self.rows = int(self.space.shape[0])
+
+    def resize(self, rows: int) -> None:
+        self.dataset.id.set_extent((rows,))
+        self.space.set_extent_simple((rows,), (h5s.UNLIMITED,))
+        self.rows = rows
+
+
 class TraceWriter:
     """Writes one rank's trace: root attributes and the event tables of :data:`schema.TABLES`.
 
@@ -113,9 +131,9 @@ class TraceWriter:
     Notes
     -----
     :meth:`append` only copies the row into a preallocated in-memory array (no HDF5 call, except the
-    flush of a full buffer), so it is cheap enough for the server's message loop. Tables are created on first flush of a row as
-    chunked datasets with ``maxshape=(None,)``. The file is readable after a SIGKILL up to the
-    last flush; see the module docstring for the HDF5 settings that make this so.
+    flush of a full buffer), so it is cheap enough for the server's message loop. Tables are created
+    on first flush of a row as chunked datasets with ``maxshape=(None,)``. The file is readable after
+    a SIGKILL up to the last flush; see the module docstring for the HDF5 settings that make this so.
     """
 
     def __init__(
@@ -133,7 +151,10 @@ class TraceWriter:
         self.flush_seconds = float(flush_seconds)
         self._schema = dict(TABLES if tables is None else tables)
         self._buffers = {name: _TableBuffer(np.dtype(dt)) for name, dt in self._schema.items()}
-        self._datasets: dict[str, h5py.Dataset] = {}
+        self._datasets: dict[str, _Table] = {}
+        # where a flush's rows come from in a buffer (its first `count` rows selected), and their HDF5 types
+        self._memory = h5s.create_simple((_BUFFER_ROWS,))
+        self._types = {name: h5t.py_create(buf.dtype) for name, buf in self._buffers.items()}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         mode = "a" if append and self.path.exists() else "w"
         try:
@@ -156,18 +177,18 @@ class TraceWriter:
                 if ds.dtype != self._buffers[name].dtype:
                     raise OutputError(f"{self.path}: table {name!r} has columns {ds.dtype.names}, expected "
                                       f"{self._buffers[name].names}: not a trace of this version")
-                self._datasets[name] = ds
+                self._datasets[name] = _Table(ds)
 
     def truncate(self, table: str, column: str, limit: float) -> int:
         """Keep the leading rows of `table` (as written so far) whose `column` is at most `limit`, and
         drop the rest: a resumed run removes what it will do again. Returns the rows kept."""
         self.flush()
-        ds = self._datasets.get(table)
-        if ds is None:
+        written = self._datasets.get(table)
+        if written is None:
             return 0
-        beyond = np.flatnonzero(ds[column] > limit)
-        kept = int(beyond[0]) if beyond.size else ds.shape[0]
-        ds.resize((kept,))
+        beyond = np.flatnonzero(written.dataset[column] > limit)
+        kept = int(beyond[0]) if beyond.size else written.rows
+        written.resize(kept)
         return kept
 
     # -- rows -------------------------------------------------------------------------------------
@@ -251,19 +272,17 @@ class TraceWriter:
         self._last_flush = time.monotonic()
 
     def _write_rows(self, name: str, buf: _TableBuffer) -> None:
-        ds = self._datasets.get(name)
-        if ds is None:
+        written = self._datasets.get(name)
+        if written is None:
             chunk_rows = max(64, _CHUNK_BYTES // buf.dtype.itemsize)
-            ds = self._file.create_dataset(
-                name, shape=(0,), maxshape=(None,), chunks=(chunk_rows,), dtype=buf.dtype
-            )
-            self._datasets[name] = ds
-        # the low-level calls: dataset[a:b] = rows leaves cyclic garbage at every flush (see the docstring)
-        start, count = ds.id.shape[0], buf.count
-        ds.id.set_extent((start + count,))
-        file_space = ds.id.get_space()
-        file_space.select_hyperslab((start,), (count,))
-        ds.id.write(h5s.create_simple((count,)), file_space, buf.rows[:count])
+            written = self._datasets[name] = _Table(self._file.create_dataset(
+                name, shape=(0,), maxshape=(None,), chunks=(chunk_rows,), dtype=buf.dtype))
+        # low-level calls on objects made once (see the module docstring)
+        start, count = written.rows, buf.count
+        written.resize(start + count)
+        written.space.select_hyperslab((start,), (count,))
+        self._memory.select_hyperslab((0,), (count,))
+        written.dataset.id.write(self._memory, written.space, buf.rows, mtype=self._types[name])
         buf.count = 0
 
     def close(self) -> None:
