@@ -142,8 +142,8 @@ def build_summary(job, *, sync: str, world_size: int, backend: str, wall_seconds
         With an OSDP plan (``osdp.plan``): the plan file, whether ranks shared cores
         (``ranks_share_cores``: the predicted time assumes a core per rank), its prediction
         (``peak_bytes``, ``iteration_s``) and per worker what was measured (``peak_bytes``;
-        ``iteration_s``, the median start-to-start time; ``transfer_wait_s``, the median seconds an
-        iteration waited on on-demand fetches and pushes; ``transfer_messages``, their messages per
+        ``iteration_s``, the median start-to-start time of its last 1024 iterations; ``transfer_wait_s``,
+        the median seconds one of them waited on on-demand fetches and pushes; ``transfer_messages``, their messages per
         iteration); None without a plan.
 
     A float that is not finite (a diverged loss) is written as null, so the file is strict JSON.

@@ -62,10 +62,11 @@ class Fetcher(Transport):
         self.buffer = backend.xp.empty(sched.buffer_elems, dtype=np.float32)
         self.host = np.empty(sched.buffer_elems, dtype=np.float32) if staged else self.buffer
         self.names = _unit_names(layout)
-        self.wait = None  # set by the worker: wait(requests), with its watchdog
+        self.wait = None  # set by the worker: wait(requests, ranks), with its watchdog naming the silent ranks
         self.waited_s, self.messages = 0.0, 0  # seconds waiting on fetches and pushes; their messages
         self.asks: dict[int, list] = {}
         self.pushes: dict[int, list] = {}
+        self.ranks: dict[tuple[str, int], list[int]] = {}  # the rank each request of a fetch or push is with
         self._asked = []  # the request values, kept alive while their sends may run
         for i, item in enumerate(sched.items):
             if item.unit is None:
@@ -82,10 +83,12 @@ class Fetcher(Transport):
                                 for (server, offset, _), end in zip(pieces, ends, strict=True)]
                 self.asks[i] += [ctx.fetch_comm.Send_init([ask, MPI.DOUBLE], server, FETCH_TAG)
                                  for server, _, _ in pieces]
+                self.ranks["fetch", i] = [server for server, _, _ in pieces] * 2
             if item.kind == "backward":
                 self.pushes[i] = [ctx.comm.Send_init([place[off:off + layout.chunks[k].size], MPI.FLOAT],
                                                      layout.owner[k], layout.chunks[k].tag)
                                   for k, off in layout.unit_chunks[item.unit]]
+                self.ranks["push", i] = [layout.owner[k] for k, _ in layout.unit_chunks[item.unit]]
 
     def _place(self, i: int) -> tuple[int, int]:
         item = self.sched.items[i]
@@ -95,7 +98,7 @@ class Fetcher(Transport):
         MPI.Prequest.Startall(self.asks[i])
 
     def arrived(self, i: int) -> None:
-        self._wait(self.asks[i], len(self.asks[i]))  # the requests and the replies
+        self._wait(self.asks[i], self.ranks["fetch", i], len(self.asks[i]))  # the requests and the replies
         a, b = self._place(i)
         if self.staged:
             self.buffer[a:b] = self.backend.asarray(self.host[a:b])
@@ -110,11 +113,11 @@ class Fetcher(Transport):
         self.check(self.host[a:b])
         MPI.Prequest.Startall(self.pushes[i])
         self.bytes.sent(self.names[self.sched.items[i].unit], PS, (b - a) * self.host.itemsize)
-        self._wait(self.pushes[i], 1)  # the place is reused by the next item
+        self._wait(self.pushes[i], self.ranks["push", i], 1)  # the place is reused by the next item
 
-    def _wait(self, requests: list, messages: int) -> None:
+    def _wait(self, requests: list, ranks: list[int], messages: int) -> None:
         t0 = time.perf_counter()
-        self.wait(requests)
+        self.wait(requests, ranks)
         self.waited_s += time.perf_counter() - t0
         self.messages += messages
 

@@ -16,11 +16,17 @@ header comes from rank 0 (``runtime.layout``).
 With an OSDP plan (``osdp.plan``) the worker holds only its resident layers in its ``ParamSpace``; each
 on-demand layer's weights are fetched into one preallocated buffer just before an item computes with
 them, and its gradient is pushed from there (``runtime.fetch``, ``nn.ondemand``). The worker measures
-its peak memory (``runtime.peak``) and reports it with its median iteration time.
+its peak memory (``runtime.peak``) and reports it with its median iteration time. Nothing it holds
+grows with the run's length: the iteration times behind the medians are the last
+:data:`~ebsp_mpi.runtime.peak.KEEP` in a fixed array.
+
+A wait that hears nothing for ``runtime.stall_timeout_s`` names the ranks whose messages it still
+lacks (the pull's parts, a fetch's servers, the servers a push goes to), not rank 0 alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from functools import partial
@@ -42,7 +48,7 @@ from .faults import fault_for
 from .fetch import Fetcher
 from .hybrid import PS, SFB, ByteCounter, Stacked
 from .layout import make_layout
-from .peak import PeakMemory
+from .peak import IterationTimes, PeakMemory
 from .protocol import ALIVE_TAG, PULL, PULL_FIELDS, PULL_TAG, PUSH_FIELDS, PUSH_TAG, STATS_TAG, header, pack
 
 log = logging.getLogger(__name__)
@@ -103,12 +109,14 @@ class Worker:
         # everything a push sends: completed before the gradient and the factors are written again
         self.outgoing = [r for r in self.pushes if r is not None] + self.header_sends \
             + [r for rs in self.factor_sends.values() for r in rs]
+        self.outgoing_ranks = [owner[k] for k, r in enumerate(self.pushes) if r is not None] \
+            + list(range(ctx.servers)) + [d for ds in self.factor_dests.values() for d in ds]
         self.ondemand = self.fetcher = None
         if layout.schedule is not None:  # OSDP: the on-demand layers' buffer and messages
             self.ondemand = OnDemandStep(self.model, layout.schedule, job.data.batch_size)
             self.fetcher = Fetcher(ctx, layout, self.backend, self.staged, self._check_finite, self.bytes)
-        self.iteration_starts: list[float] = []  # each iteration's start: the median iteration time
-        self.waited_at_starts: list[float] = []  # the fetcher's seconds waited so far, at each start
+        # each iteration's start, and the fetcher's seconds waited so far at it: the medians of the summary
+        self.times = IterationTimes()
         # the server's keep-alive while it holds our pull (its content is never read)
         self.alive_buf = np.zeros(1)
         self.keepalive = comm.Recv_init([self.alive_buf, MPI.DOUBLE], 0, ALIVE_TAG)
@@ -127,6 +135,7 @@ class Worker:
         self.sfb_chunk = np.array([t in names for t in self.chunk_tensor], dtype=bool)
         self.bytes = ByteCounter()
         self.factor_sends: dict[str, list] = {}
+        self.factor_dests: dict[str, list[int]] = {}  # the rank each of a layer's factor sends goes to
         self.factor_recvs: list = []
         if not self.sfb:
             return
@@ -140,6 +149,7 @@ class Worker:
             V, U = self.stacked.V[a.name][self.stacked.rows(me)], self.stacked.U[a.name][self.stacked.rows(me)]
             self.factor_sends[a.name] = [ctx.factor_comm.Send_init([buf, MPI.FLOAT], dest, 2 * a.index + k)
                                          for dest in destinations for k, buf in ((0, V), (1, U))]
+            self.factor_dests[a.name] = [dest for dest in destinations for _ in range(2)]
         if self.sfb_bsp:
             self.factor_recvs = [r for r, _, _ in self.stacked.receives(ctx.factor_comm, ctx.worker_rank, others)]
             self.factor_sources = [ctx.worker_rank(w) for w in others for _ in range(2 * len(self.sfb))]
@@ -161,7 +171,7 @@ class Worker:
         self.keepalive.Start()
         server = Silence(self.job.runtime.stall_timeout_s, "the server (rank 0)", self.keepalive)
         if self.fetcher is not None:
-            self.fetcher.wait = partial(wait_all, backoff=backoff, silence=server)
+            self.fetcher.wait = partial(self._wait_naming, backoff=backoff, silence=server)
         if self.peak is not None:
             self.peak.training(self._held_arrays())
         MPI.Prequest.Startall(self.pulls)  # the initial weights, every tensor
@@ -173,17 +183,16 @@ class Worker:
             wait_all(pulls, backoff, server, arrived.update)
             self._count_pull(pulls is self.pulls)
             t_start = ctx.now()
-            self.iteration_starts.append(t_start)
-            if self.fetcher is not None:
-                self.waited_at_starts.append(self.fetcher.waited_s)
+            self.times.start(t_start, self.fetcher.waited_s if self.fetcher is not None else 0.0)
             wait_total += t_start - t_push
             used, version, stop = version, int(self.pull_header[PULL.version]), bool(self.pull_header[PULL.stop])
             if self.sfb_bsp and used is not None and not stop:
                 self._step_sfb_layers(used)
-            if row is not None:  # the previous iteration ends when its pull completes
-                self.trace.append("iterations", **row, t_end=t_start, wait_s=t_start - t_push)
-            if self.pull_header[PULL.flush]:  # the server wrote a checkpoint
-                self.trace.flush()
+            with self._untraced():  # the trace is no part of what a plan predicts
+                if row is not None:  # the previous iteration ends when its pull completes (a full buffer flushes)
+                    self.trace.append("iterations", **row, t_end=t_start, wait_s=t_start - t_push)
+                if self.pull_header[PULL.flush]:  # the server wrote a checkpoint
+                    self.trace.flush()
             if stop:
                 break
             if self.staged:
@@ -193,7 +202,7 @@ class Worker:
                 self.fault.fire(f"iteration {iteration}")
             # the previous push was delivered before its reply came: complete it before the gradient
             # buffer is written again (and the factors' sends before the factors are)
-            wait_all(self.outgoing, backoff, server)
+            self._wait_naming(self.outgoing, self.outgoing_ranks, backoff, server)
             self.started[:] = self.never_sent
             self.finite = True  # every value of this push so far (its header says so)
             c0 = time.perf_counter()
@@ -224,12 +233,14 @@ class Worker:
             row = dict(iteration=iteration, t_start=t_start, t_compute_end=t_compute_end, t_push=t_push,
                        version=version, loss=loss, injected_delay_s=delay, epoch=self.stream.epochs_done)
             iteration += 1
-            self.trace.maybe_flush()
-        wait_all(self.outgoing, backoff, server)
+            with self._untraced():
+                self.trace.maybe_flush()
+        self._wait_naming(self.outgoing, self.outgoing_ranks, backoff, server)
         self.keepalive.Cancel()  # the server sends none after our stop reply
         self.keepalive.Wait()
-        self.trace.set_attrs(bytes=self.bytes.as_dict())
-        self.trace.close()
+        with self._untraced():
+            self.trace.set_attrs(bytes=self.bytes.as_dict())
+            self.trace.close()
         if self.fault is not None and self.fault.due("end"):
             self.fault.fire("the end")
         stats = {"iterations": iteration, "wait_seconds": wait_total, "compute_seconds": compute_total,
@@ -237,15 +248,18 @@ class Worker:
         if self.peak is not None:  # OSDP: what the plan predicted, measured
             # medians over the iterations, start to start, the first (warm-up) left out: a stall of the
             # server (an evaluation slice of a large model takes some 0.1 s) moves neither
-            starts = np.diff(self.iteration_starts[1:])
-            waits = np.diff(self.waited_at_starts[1:])
+            peak = self.peak.stop()  # before the medians' temporaries
+            iteration_s, transfer_wait_s = self.times.medians()
             fetcher = self.fetcher
-            stats["osdp"] = {"peak_bytes": self.peak.stop(),
-                             "iteration_s": float(np.median(starts)) if starts.size else None,
-                             "transfer_wait_s": float(np.median(waits)) if waits.size else 0.0,
+            stats["osdp"] = {"peak_bytes": peak, "iteration_s": iteration_s,
+                             "transfer_wait_s": transfer_wait_s,
                              "transfer_messages": fetcher.messages / max(iteration, 1) if fetcher else 0.0}
         wait_all([ctx.comm.isend(stats, dest=0, tag=STATS_TAG)], backoff)  # for the server's summary
         return stats
+
+    def _untraced(self):
+        """A block whose passing allocations the measured peak leaves out (``PeakMemory.excluded``)."""
+        return self.peak.excluded() if self.peak is not None else contextlib.nullcontext()
 
     def _held_arrays(self) -> list:
         """The arrays this worker keeps for the whole run, for the peak memory (``runtime.peak``)."""
@@ -306,6 +320,13 @@ class Worker:
                 weights = self.backend.to_host(self.params_buf[a.params])
                 self.opt.step(weights, grad, lr, offset=a.offset)
                 self.params_buf[a.params] = self.backend.asarray(weights)
+
+    def _wait_naming(self, requests: list, ranks: list[int], backoff, silence: Silence) -> None:
+        """Complete `requests`, request k to or from rank ``ranks[k]``; a silence names the ranks of the
+        requests still incomplete (a stopped shard server, not the server of the last pull)."""
+        arrived: set[int] = set()
+        silence.what = partial(self._silent, ranks, arrived)
+        wait_all(requests, backoff, silence, arrived.update)
 
     def _silent(self, sources: list[int], arrived: set[int]) -> str:
         """Who has sent nothing of the reply this worker waits for (the stall watchdog's message)."""
