@@ -906,22 +906,3 @@ def test_report_without_the_analysis_extra_says_what_to_install(tmp_path):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2, p.stderr
     assert p.stderr == 'ebsp_mpi: error: report needs pandas (the analysis extra): pip install -e ".[analysis]"\n'
-
-
-@pytest.mark.parametrize("script, command", [("compare.py", "compare"), ("to_perfetto.py", "timeline"),
-                                             ("report.py", "report")])
-def test_the_scripts_in_analysis_run_the_subcommands(tmp_path, script, command):
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    src, _ = _runs(tmp_path, "sweep")
-    outputs = []
-    for front, name in ((["analysis/" + script], "script"), (["-m", "ebsp_mpi", command], "module")):
-        out = ["-o" if command == "timeline" else "--out", str(tmp_path / name)]
-        p = subprocess.run([sys.executable, *front, str(src), *out], capture_output=True, text=True,
-                           timeout=120, cwd=Path(__file__).parents[1])
-        assert p.returncode == 0, p.stderr
-        outputs.append(p.stdout.replace(str(tmp_path / name), "OUT"))
-        assert sorted(p.name for p in (tmp_path / name).iterdir())
-    assert outputs[0] == outputs[1] and outputs[0]

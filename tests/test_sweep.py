@@ -285,12 +285,12 @@ def test_real_sweep_with_mpiexec_then_report_and_perfetto(tmp_path, capsys):
 
     pytest.importorskip("pandas")
     pytest.importorskip("matplotlib")
-    report = subprocess.run([sys.executable, str(REPO / "analysis" / "report.py"), str(out), "--out",
+    report = subprocess.run([sys.executable, "-m", "ebsp_mpi", "report", str(out), "--out",
                              str(tmp_path / "report")], capture_output=True, text=True, timeout=60)
     assert report.returncode == 0, report.stderr
     for name in ("accuracy.png", "timeline.png", "wait.png", "iterations.png", "staleness.png"):
         assert (tmp_path / "report" / name).stat().st_size > 10_000
-    trace = subprocess.run([sys.executable, str(REPO / "analysis" / "to_perfetto.py"), str(out / "elasticbsp"),
+    trace = subprocess.run([sys.executable, "-m", "ebsp_mpi", "timeline", str(out / "elasticbsp"),
                             "-o", str(tmp_path / "trace.json")], capture_output=True, text=True, timeout=60)
     assert trace.returncode == 0, trace.stderr
     with open(tmp_path / "trace.json") as f:

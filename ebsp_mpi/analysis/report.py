@@ -1,6 +1,6 @@
 """The report of one or more runs: a summary table (Markdown and CSV), the comparison, and the figures.
 
-``python -m ebsp_mpi report RUN_DIR... --out DIR`` (or ``python analysis/report.py``) writes into DIR:
+``python -m ebsp_mpi report RUN_DIR... --out DIR`` writes into DIR:
 
 - ``summary.csv``, ``summary.md`` — one row per run (:func:`~ebsp_mpi.analysis.metrics.summary_row`);
 - ``zipline.csv``, ``zipline.md`` — when an ElasticBSP run is among them, ZipLine's prediction error

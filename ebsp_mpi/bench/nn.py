@@ -10,7 +10,7 @@ and weight decay, against ``torch.optim.SGD``) are shown for information.
 
 BLAS and PyTorch are limited to ``--threads`` threads (default 1) through threadpoolctl and
 ``torch.set_num_threads``; the thread variables are also set here before NumPy loads when this
-module is imported first (``benchmarks/bench_nn.py`` does so).
+module is imported first (``python -m ebsp_mpi bench nn`` does so).
 """
 
 from __future__ import annotations

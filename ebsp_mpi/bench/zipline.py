@@ -6,7 +6,7 @@ iteration interval drawn from U[1000, 1500] ms and a random phase; row i holds i
 ``--reps`` times; the table shows medians in milliseconds and ratios to the production form. Brute
 force runs only where R**n is at most ``--brute-limit``. Results are checked to agree.
 
-Run single-threaded for comparable figures: ``OMP_NUM_THREADS=1 python benchmarks/bench_zipline.py``.
+Run single-threaded for comparable figures: ``OMP_NUM_THREADS=1 python -m ebsp_mpi bench zipline``.
 """
 
 from __future__ import annotations
