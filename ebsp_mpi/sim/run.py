@@ -37,6 +37,7 @@ from ..sync.registry import make_policy
 from ..sync.simulate import SimResult, simulate
 from ..trace.schema import BARRIER_MEMBERS, BARRIERS, ITERATIONS, PULLS, PUSHES, TABLES, ZIPLINE
 from ..trace.writer import TraceWriter, trace_path
+from .restarts import simulate_resumed
 from .workers import ModelWorkers, ReplayWorkers
 
 #: Target bytes of one HDF5 chunk, as the live trace writer's.
@@ -92,15 +93,22 @@ def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, it
     except ValueError as e:
         raise UsageError(f"simulate with {workers} workers: {e}") from None
     progress = Progress(workers * limit if limit else None, unit="push", enabled=show_progress)
+    # a resumed run is replayed with its restarts (sim.restarts), worker for recorded worker
+    restarts = getattr(source, "restarts", []) if getattr(source, "recorded", None) == workers else []
     started = time.perf_counter()
-    result = simulate(policy, source, limit, until=until, keep_releases=False,
-                      progress=lambda pushes: progress.update(pushes))
+    ends: list[dict[int, float]] = [{} for _ in range(workers)]
+    if restarts:
+        result, ends = simulate_resumed(lambda: make_policy(job.sync, workers, seed=job.seed), source, limit, until,
+                                        restarts)
+    else:
+        result = simulate(policy, source, limit, until=until, keep_releases=False,
+                          progress=lambda pushes: progress.update(pushes))
     seconds = time.perf_counter() - started
     progress.close(result.pushes)
     policy_tables = _record_rows(result.records)  # written and summarised both
 
     parts = [source.parts(w, result.start[w], result.push[w]) for w in range(workers)]
-    iterations_rows = [_iteration_rows(result, w, parts[w]) for w in range(workers)]
+    iterations_rows = [_iteration_rows(result, w, parts[w], ends[w]) for w in range(workers)]
     if job.trace.enabled:
         attrs = _attrs(job, run_dir, workers, source)
         _write_rank(run_dir, 0, {**attrs, "role": "server"}, {
@@ -120,7 +128,7 @@ def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, it
     summary["simulation"] = {
         "source": source.source, "replay": None if replay is None else str(replay),
         "iterations_limit": limit, "seconds_limit": None if until == math.inf else until,
-        "pushes": result.pushes, "simulation_seconds": seconds,
+        "pushes": result.pushes, "simulation_seconds": seconds, "restarts": [r.t for r in restarts],
         "pushes_per_second": result.pushes / seconds if seconds > 0 else None,
         **_statistics(result, policy_tables),
     }
@@ -162,9 +170,10 @@ def describe(summary: dict, run_dir) -> str:
 # -- the trace tables --------------------------------------------------------------------------------
 
 
-def _iteration_rows(result: SimResult, w: int, parts) -> np.ndarray:
+def _iteration_rows(result: SimResult, w: int, parts, ends: dict[int, float] | None = None) -> np.ndarray:
     """Worker `w`'s ``iterations`` rows. `parts` holds one iteration more than it did: the phases of the
-    reply that stopped it (its transit ends the last iteration)."""
+    reply that stopped it (its transit ends the last iteration). `ends`: iterations a restart cut short,
+    with the time of the reply that ended each (``sim.restarts``)."""
     start, k = result.start[w], len(result.start[w])
     rows = np.zeros(k, dtype=ITERATIONS)
     rows["iteration"] = np.arange(k)
@@ -172,6 +181,8 @@ def _iteration_rows(result: SimResult, w: int, parts) -> np.ndarray:
     rows["t_compute_end"] = rows["t_start"] + parts.compute[:k] + parts.delay[:k]
     rows["t_push"] = rows["t_compute_end"] + parts.push[:k]
     replies = np.append(start[1:], result.end[w])  # what ended each iteration: the next release, or the stop
+    for i, t in (ends or {}).items():
+        replies[i] = t
     rows["t_end"] = np.maximum(replies + parts.down[1:k + 1], rows["t_push"])
     rows["wait_s"] = rows["t_end"] - rows["t_push"]
     rows["version"] = result.used[w]

@@ -140,8 +140,10 @@ class ReplayWorkers:
     def __init__(self, run_dir, workers: int):
         self.run_dir = Path(run_dir)
         self.source = f"replay of {self.run_dir}"
-        recorded = read_replay(self.run_dir)
+        recording = read_recording(self.run_dir)
+        recorded = recording.parts
         self.recorded = len(recorded)
+        self.restarts = recording.restarts  # replayed where the workers are the recorded ones (sim.restarts)
         self.workers = workers
         self._parts = [recorded[w % len(recorded)] for w in range(workers)]
         self._intervals = [p.down + p.compute + p.delay + p.push + p.up for p in self._parts]
@@ -159,13 +161,47 @@ class ReplayWorkers:
         return Parts(down=down, compute=p.compute[i], delay=p.delay[i], push=p.push[i], up=p.up[i])
 
 
-def read_replay(run_dir: Path) -> list[Parts]:
-    """Per recorded worker, the phases of each of its iterations, on the server's clock.
+@dataclass(frozen=True)
+class Restart:
+    """A recorded run resumed from its checkpoint: at `t` (seconds, on the run's clock, which goes on
+    from the checkpoint) every worker was answered again, worker w for its iteration ``counts[w]``."""
 
-    For worker w's iteration k, with ``r_k`` the server's reply that started it (``pulls``, in order)
-    and ``a_k`` its push's arrival (``pushes``): compute, delay and push come from the worker's own
-    trace (durations on one clock, so its clock offset does not matter); the rest of ``a_k - r_k`` is
-    transit, split into the reply's (``t_start - r_k``, clipped to it) and the push's.
+    t: float
+    counts: tuple[int, ...]
+
+
+@dataclass
+class Recording:
+    """What a replay takes from a run: per recorded worker the phases of its iterations, indexed by
+    iteration, and the times the run was resumed (empty for a run never stopped)."""
+
+    parts: list[Parts]
+    restarts: list[Restart]
+
+
+def read_replay(run_dir: Path) -> list[Parts]:
+    """Per recorded worker, the phases of each of its iterations (see :func:`read_recording`)."""
+    return read_recording(run_dir).parts
+
+
+def read_recording(run_dir: Path) -> Recording:
+    """Per recorded worker, the phases of each of its iterations, on the server's clock, and the
+    run's restarts.
+
+    For worker w's iteration k, with ``a_k`` its push's arrival (``pushes``) and ``r_k`` the server's
+    reply that started it: compute, delay and push come from the worker's own trace (durations on one
+    clock, so its clock offset does not matter); the rest of ``a_k - r_k`` is transit, split into the
+    reply's (``t_start - r_k``, clipped to it) and the push's. An iteration whose worker row was lost
+    (a rank killed before its trace was flushed) takes ``a_k - r_k`` as compute; one whose push the
+    server's trace lacks takes its worker's span and the worker's median transit; one with neither,
+    the worker's median phases. Entry k is iteration k, so a replay takes each iteration's own time.
+
+    ``r_k`` is the worker's last reply before ``a_k`` (``pulls``, by time), not its k-th: a resumed run
+    answers every worker once more when it restarts, after the stop or the reply the killed run gave
+    it, so the k-th reply of a run resumed n times may be an earlier iteration's, up to n behind. A
+    restart's replies are the ones whose request time is none of the worker's push times and the same
+    for every worker (the run's start, on the clock continued from the checkpoint); worker w restarted
+    at the iteration of its first push after it.
     """
     from ..trace.frames import servers_of
     from ..trace.reader import TraceError, read_run
@@ -189,33 +225,79 @@ def read_replay(run_dir: Path) -> list[Parts]:
     workers = world - servers
     if workers < 1:
         raise UsageError(f"{where}: the traces name no workers (world size {world} with {servers} server(s))")
-    recorded = []
+    recorded, starts = [], []
     for w in range(workers):
         trace = traces.get(w + servers)
         it = trace.table("iterations") if trace is not None else np.zeros(0)
         if not len(it):
             raise UsageError(f"{where}: no iterations of worker {w} "
                              f"(trace/rank-{w + servers:04d}.h5 missing or empty)")
-        it = np.sort(it, order="iteration")
         mine = pushes[pushes["worker"] == w]
-        arrival = dict(zip(mine["iteration"].tolist(), mine["t"].tolist(), strict=True))
-        replies = np.sort(pulls["t_reply"][pulls["worker"] == w])
-        keep = [i for i, k in enumerate(it["iteration"].tolist()) if k in arrival and k < len(replies)]
-        if not keep:
+        theirs = pulls[pulls["worker"] == w]
+        replies = np.sort(theirs["t_reply"])
+        starts.append(set(theirs["t_request"][~np.isin(theirs["t_request"], mine["t"])].tolist()))
+        parts = _worker_parts(np.sort(it, order="iteration"), mine, replies)
+        if parts is None:
             raise UsageError(f"{where}: the server recorded no push and reply of worker {w}'s iterations")
-        # the stop reply: the reply after the last push, received when the last iteration ended
-        stop_down = float(max(0.0, it["t_end"][-1] - replies[len(it)])) if len(replies) > len(it) else 0.0
-        it = it[keep]
-        k = it["iteration"]
-        a = np.array([arrival[i] for i in k.tolist()])
-        r = replies[k]
-        delay = np.maximum(it["injected_delay_s"], 0.0)
-        compute = np.maximum(it["t_compute_end"] - it["t_start"] - delay, 0.0)
-        push = np.maximum(it["t_push"] - it["t_compute_end"], 0.0)
-        transit = np.maximum((a - r) - (compute + delay + push), 0.0)
-        down = np.clip(it["t_start"] - r, 0.0, transit)
-        recorded.append(Parts(down=down, compute=compute, delay=delay, push=push, up=transit - down,
-                              stop_down=stop_down))
-        if not np.all(np.isfinite(a - r)):
+        if not (np.all(np.isfinite(parts.compute)) and np.all(np.isfinite(parts.up))):
             raise UsageError(f"{where}: worker {w}'s recorded times are not finite")
-    return recorded
+        recorded.append(parts)
+    # the run's start and its restarts: times at which every worker's pull was asked for at once
+    return Recording(recorded, _restarts(sorted(set.intersection(*starts))[1:], pushes, workers))
+
+
+def _worker_parts(it: np.ndarray, pushes: np.ndarray, replies: np.ndarray) -> Parts | None:
+    """One worker's phases per iteration 0..K-1 (see :func:`read_recording`), from its ``iterations``
+    rows (sorted), the server's rows of its pushes and the times of its replies (sorted); None when no
+    iteration has a push and a reply."""
+    arrival = dict(zip(pushes["iteration"].tolist(), pushes["t"].tolist(), strict=True))
+    count = int(max(it["iteration"].max(), max(arrival, default=-1))) + 1
+    a = np.full(count, np.nan)
+    a[list(arrival)] = list(arrival.values())
+    started_by = np.searchsorted(replies, a, side="left") - 1  # the last reply before each push
+    r = np.where(np.isfinite(a) & (started_by >= 0), replies[np.maximum(started_by, 0)], np.nan)
+    paired = np.isfinite(a) & np.isfinite(r)
+    if not paired.any():
+        return None
+    row = np.full(count, -1)
+    row[it["iteration"]] = np.arange(len(it))
+    rows = it[np.maximum(row, 0)]
+    have = row >= 0
+    delay = np.where(have, np.maximum(rows["injected_delay_s"], 0.0), 0.0)
+    compute = np.where(have, np.maximum(rows["t_compute_end"] - rows["t_start"] - delay, 0.0), 0.0)
+    push = np.where(have, np.maximum(rows["t_push"] - rows["t_compute_end"], 0.0), 0.0)
+    transit = np.where(paired, np.maximum((a - r) - (compute + delay + push), 0.0), np.nan)
+    down = np.where(have & paired, np.clip(rows["t_start"] - r, 0.0, transit), 0.0)
+    up = transit - down
+    whole = have & paired
+    if whole.any():  # the worker's median transits stand in for what was lost
+        usual_down, usual_up = float(np.median(down[whole])), float(np.median(up[whole]))
+    else:
+        usual_down, usual_up = 0.0, float(np.median(transit[paired]))
+    lost_row = paired & ~have  # the server saw the push: its interval is known, its phases are not
+    compute[lost_row], up[lost_row] = transit[lost_row], 0.0
+    lost_push = have & ~paired  # the worker's own span, and the usual transit
+    down[lost_push], up[lost_push] = usual_down, usual_up
+    neither = ~have & ~paired
+    if neither.any():
+        compute[neither] = float(np.median((compute + delay + push)[have | paired]))
+        down[neither], up[neither] = usual_down, usual_up
+    # the stop reply: the first reply after the last push, received when the last iteration ended
+    last = np.nanmax(a) if np.isfinite(a).any() else np.inf
+    after = int(np.searchsorted(replies, last, side="left"))
+    stop_down = float(max(0.0, it["t_end"][-1] - replies[after])) if after < len(replies) else 0.0
+    return Parts(down=down, compute=compute, delay=delay, push=push, up=up, stop_down=stop_down)
+
+
+def _restarts(times: list[float], pushes: np.ndarray, workers: int) -> list[Restart]:
+    """The restarts at `times`: each worker's iteration there, the first it pushed after (its total
+    where it pushed nothing after)."""
+    out = []
+    for t in times:
+        counts = []
+        for w in range(workers):
+            mine = pushes[pushes["worker"] == w]
+            later = mine["iteration"][mine["t"] > t]
+            counts.append(int(later.min()) if len(later) else int(mine["iteration"].max(initial=-1)) + 1)
+        out.append(Restart(float(t), tuple(counts)))
+    return out
