@@ -138,13 +138,13 @@ say "slurmctld (port $CTLD_PORT) and slurmd (port $SLURMD_PORT) up on $HOST, con
 PY=$REPO/.venv/bin/python
 
 state() { scontrol show job "$1" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | head -n 1 | cut -d= -f2; }
-field() { scontrol show job "$1" | grep -o "$2=[^ ]*" | head -n 1 | cut -d= -f2; }
+field() { scontrol show job "$1" 2>/dev/null | grep -o "$2=[^ ]*" | head -n 1 | cut -d= -f2; }
 
 # wait_for JOB SECONDS: until every task of JOB has left the queue; a requeued one is started at once
 wait_for() {
     local job=$1 limit=$2 t=0 id
     while [[ -n "$(squeue -h -j "$job" -o %i 2>/dev/null)" ]]; do
-        for id in $(squeue -h -j "$job" -t PENDING -o %i); do
+        for id in $(squeue -h -r -j "$job" -t PENDING -o %i); do  # -r: an array's tasks one by one
             [[ "$(field "$id" Restarts)" != 0 ]] && scontrol update JobId="$id" StartTime=now 2>/dev/null || true
         done
         sleep 2
