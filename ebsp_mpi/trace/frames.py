@@ -21,6 +21,8 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from .reader import TraceError, read_run, read_summary
 from .schema import TABLES, WORKER_TABLES
 
@@ -121,6 +123,17 @@ def to_frame(rows, rank: int):
     return frame
 
 
+def _concat(pieces: list):
+    """One frame of the ``(rank, rows)`` pieces of a table: rows of one dtype joined first (a simulation
+    of 100,000 workers has as many pieces, and a DataFrame each would take minutes), else frame by frame."""
+    pd = _pandas()
+    if len({rows.dtype for _, rows in pieces}) == 1:
+        frame = to_frame(np.concatenate([rows for _, rows in pieces]), 0)
+        frame["rank"] = np.repeat([rank for rank, _ in pieces], [len(rows) for _, rows in pieces])
+        return frame
+    return pd.concat([to_frame(rows, rank) for rank, rows in pieces], ignore_index=True)
+
+
 def _empty(name: str):
     pd = _pandas()
     dtype = TABLES[name]
@@ -196,7 +209,7 @@ def load_run(run_dir: str | os.PathLike) -> RunFrames:
     TraceError
         When the directory does not exist, or holds neither a readable trace nor a summary.
     """
-    pd = _pandas()
+    _pandas()  # the extra's error first, before any reading
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise TraceError(f"run directory not found: {run_dir}")
@@ -211,9 +224,8 @@ def load_run(run_dir: str | os.PathLike) -> RunFrames:
     for rank, trace in sorted(traces.items()):
         for name, rows in trace.tables.items():
             if name in parts and len(rows):
-                parts[name].append(to_frame(rows, rank))
-    tables = {name: pd.concat(frames, ignore_index=True) if frames else _empty(name)
-              for name, frames in parts.items()}
+                parts[name].append((rank, rows))
+    tables = {name: _concat(pieces) if pieces else _empty(name) for name, pieces in parts.items()}
     config = summary_config or next((t.config for t in traces.values() if t.config), {})
     for name in WORKER_TABLES:
         tables[name] = _with_phases(tables[name], servers_of(config))

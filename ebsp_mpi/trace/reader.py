@@ -6,7 +6,9 @@ job config) comes back decoded under ``<key>``. Tables come back whole, as numpy
 with the dtypes of :mod:`ebsp_mpi.trace.schema`.
 
 A run directory is read as far as it goes: a rank file that cannot be read, or that belongs to
-another run (its ``run_id`` differs), is left out with a warning naming it.
+another run (its ``run_id`` differs), is left out with a warning naming it. A simulation of many
+workers keeps their iterations in one file (:data:`~ebsp_mpi.trace.schema.WORKERS_FILE`), read back as
+one trace per worker rank.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from .schema import TABLES
+from .schema import ITERATIONS, TABLES, WORKER_ITERATIONS, WORKERS_FILE
 
 _RANK_FILE = re.compile(r"^rank-(\d+)\.h5$")
 
@@ -203,9 +205,35 @@ def read_run(run_dir: str | os.PathLike, *, live: bool = False) -> dict[int, Tra
         except TraceError as err:
             errors.append(str(err))
             warnings.warn(f"skipping rank {rank}: {err}", stacklevel=2)
+    if (trace_dir / WORKERS_FILE).is_file():
+        try:
+            for rank, trace in _worker_traces(trace_dir / WORKERS_FILE, live).items():
+                traces.setdefault(rank, trace)
+        except TraceError as err:
+            errors.append(str(err))
+            warnings.warn(f"skipping the workers' file: {err}", stacklevel=2)
     if not traces:
         raise TraceError(f"no readable trace file in {trace_dir}: " + "; ".join(errors))
     return _own_files(run_dir, traces)
+
+
+def _worker_traces(path: Path, live: bool) -> dict[int, TraceFile]:
+    """The workers' file of a simulation of many workers, as one trace per worker rank: its
+    attributes, with the rank and role of each, and the worker's ``iterations`` (empty for a worker
+    without any)."""
+    whole = read_trace(path, live=live)
+    rows = whole.tables.get("worker_iterations", np.zeros(0, dtype=WORKER_ITERATIONS))
+    if set(WORKER_ITERATIONS.names) - set(rows.dtype.names or ()):
+        raise TraceError(f"{path}: table 'worker_iterations' lacks the fields {list(WORKER_ITERATIONS.names)}")
+    servers = int((whole.config.get("runtime") or {}).get("servers", 1))
+    rows = rows[np.argsort(rows["worker"], kind="stable")]
+    plain = np.empty(len(rows), dtype=ITERATIONS)
+    for name in ITERATIONS.names:
+        plain[name] = rows[name]
+    bounds = np.searchsorted(rows["worker"], np.arange(max(whole.world_size - servers, 0) + 1))
+    return {w + servers: TraceFile(path=path, attrs={**whole.attrs, "rank": w + servers, "role": "worker"},
+                                   tables={"iterations": plain[bounds[w]:bounds[w + 1]]})
+            for w in range(len(bounds) - 1)}
 
 
 def _rank_files(trace_dir: Path) -> list[tuple[int, Path]]:

@@ -132,6 +132,13 @@ TABLES: dict[str, np.dtype] = {
     "zipline": ZIPLINE,
 }
 
+#: A simulation of many workers (more than ``ebsp_mpi.sim.run.WORKER_FILES_MAX``) writes their
+#: ``iterations`` into this one file of the trace directory instead of a file per rank, as the table
+#: ``worker_iterations``: the rows of :data:`ITERATIONS` with the worker index first, by worker.
+#: :func:`ebsp_mpi.trace.reader.read_run` gives it back as one trace per worker rank.
+WORKERS_FILE = "workers.h5"
+WORKER_ITERATIONS = np.dtype([("worker", "i4"), *((name, ITERATIONS[name]) for name in ITERATIONS.names)])
+
 #: Tables each role writes.
 WORKER_TABLES = ("iterations",)
 SERVER_TABLES = ("pushes", "pulls", "evals", "barriers", "barrier_members", "zipline")
