@@ -13,8 +13,10 @@ differ by 15 - 20 % on a run resumed once). This one does what the server did:
   takes the counts and the old policy's state (``SyncPolicy.state_dict``), a new coordinator starts it,
   and every worker is answered anew.
 
-The last iteration before a restart ends at the reply the worker had then (its parked release, or the
-restart where the policy held it), which :attr:`RestartedRun.ends` records for the trace.
+The last iteration before a restart ends as recorded where its worker's row survived (a killed run's
+worker may have had its reply after the checkpoint, in time the resumed run's clock does not count),
+else at the reply the simulation gave it (its parked release, or the restart where the policy held it);
+:attr:`RestartedRun.ends` records these ends for the trace.
 """
 
 from __future__ import annotations
@@ -67,18 +69,23 @@ class RestartedRun(_Run):
         self.pulled_at[w] = t
         self.carry_out(self.coordinator.push(w, t), t)
 
-    def restart(self, t: float, policy: SyncPolicy) -> None:
+    def restart(self, t: float, policy: SyncPolicy, waits: Sequence[float | None] = ()) -> None:
         """Restart at `t` as the server does on ``--resume``: a fresh `policy` with the counts and the
         old policy's state, and every worker answered anew (those done get their stop reply again, which
-        leaves their recorded end as it was)."""
+        leaves their recorded end as it was). `waits`: per worker, the recorded wait of its iteration
+        before the restart (None: not recorded)."""
         old = self.coordinator
         coordinator = Coordinator(policy, self.limits, self.until)
         coordinator.restore(old.version, old.pushes, old.rejected, self.policy.state_dict())
         self.coordinator, self.policy = coordinator, policy
         ended = [(e, v) for e, v in zip(self.end, self.stop_version, strict=True)]
         for w in range(coordinator.workers):
+            last = old.pushes[w] - 1
             if self.pulled_at[w] is not None:  # held when the run stopped: its iteration ends at the restart
-                self.ends[w][old.pushes[w] - 1] = t
+                self.ends[w][last] = t
+            wait = waits[w] if w < len(waits) else None
+            if wait is not None and last >= 0 and math.isnan(self.end[w]):
+                self.ends[w][last] = self.pushes[w][last] + wait  # as the recorded worker had it
             self.pulled_at[w] = t
         self.carry_out(coordinator.start(t), t)
         for w, (e, v) in enumerate(ended):
@@ -97,6 +104,6 @@ def simulate_resumed(make_policy: Callable[[], SyncPolicy], intervals, limit: in
     run.carry_out(run.coordinator.start(0.0), 0.0)
     for restart in restarts:
         last = run.segment(restart.counts)
-        run.restart(max(restart.t, last), make_policy())
+        run.restart(max(restart.t, last), make_policy(), restart.waits)
     run.segment([math.inf] * n)
     return run.result(), run.ends

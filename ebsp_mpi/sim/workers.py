@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import warnings
 from array import array
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,10 +165,14 @@ class ReplayWorkers:
 @dataclass(frozen=True)
 class Restart:
     """A recorded run resumed from its checkpoint: at `t` (seconds, on the run's clock, which goes on
-    from the checkpoint) every worker was answered again, worker w for its iteration ``counts[w]``."""
+    from the checkpoint) every worker was answered again, worker w for its iteration ``counts[w]``.
+    ``waits[w]``: the seconds worker w's iteration before it waited for its reply as recorded (a
+    killed run's worker may have had it, and written its row, after the checkpoint), or None where
+    its row was lost."""
 
     t: float
     counts: tuple[int, ...]
+    waits: tuple[float | None, ...] = ()
 
 
 @dataclass
@@ -200,7 +205,7 @@ def read_recording(run_dir: Path) -> Recording:
     answers every worker once more when it restarts, after the stop or the reply the killed run gave
     it, so the k-th reply of a run resumed n times may be an earlier iteration's, up to n behind. A
     restart's replies are the ones whose request time is none of the worker's push times and the same
-    for every worker (the run's start, on the clock continued from the checkpoint); worker w restarted
+    for the workers (the run's start, on the clock continued from the checkpoint); worker w restarted
     at the iteration of its first push after it.
     """
     from ..trace.frames import servers_of
@@ -225,7 +230,7 @@ def read_recording(run_dir: Path) -> Recording:
     workers = world - servers
     if workers < 1:
         raise UsageError(f"{where}: the traces name no workers (world size {world} with {servers} server(s))")
-    recorded, starts = [], []
+    recorded, starts, waits = [], [], []
     for w in range(workers):
         trace = traces.get(w + servers)
         it = trace.table("iterations") if trace is not None else np.zeros(0)
@@ -237,13 +242,17 @@ def read_recording(run_dir: Path) -> Recording:
         replies = np.sort(theirs["t_reply"])
         starts.append(set(theirs["t_request"][~np.isin(theirs["t_request"], mine["t"])].tolist()))
         parts = _worker_parts(np.sort(it, order="iteration"), mine, replies)
+        waits.append(dict(zip(it["iteration"].tolist(), it["wait_s"].tolist(), strict=True)))
         if parts is None:
             raise UsageError(f"{where}: the server recorded no push and reply of worker {w}'s iterations")
         if not (np.all(np.isfinite(parts.compute)) and np.all(np.isfinite(parts.up))):
             raise UsageError(f"{where}: worker {w}'s recorded times are not finite")
         recorded.append(parts)
-    # the run's start and its restarts: times at which every worker's pull was asked for at once
-    return Recording(recorded, _restarts(sorted(set.intersection(*starts))[1:], pushes, workers))
+    # the run's start and its restarts: times at which the workers' pulls were asked for at once (half of
+    # them at least: a reply the policy held past the next checkpoint of a killed run is not in the trace)
+    asked = Counter(t for times in starts for t in times)
+    return Recording(recorded, _restarts(sorted(t for t, k in asked.items() if 2 * k >= workers)[1:], pushes,
+                                         waits))
 
 
 def _worker_parts(it: np.ndarray, pushes: np.ndarray, replies: np.ndarray) -> Parts | None:
@@ -289,15 +298,16 @@ def _worker_parts(it: np.ndarray, pushes: np.ndarray, replies: np.ndarray) -> Pa
     return Parts(down=down, compute=compute, delay=delay, push=push, up=up, stop_down=stop_down)
 
 
-def _restarts(times: list[float], pushes: np.ndarray, workers: int) -> list[Restart]:
+def _restarts(times: list[float], pushes: np.ndarray, waits: list[dict[int, float]]) -> list[Restart]:
     """The restarts at `times`: each worker's iteration there, the first it pushed after (its total
-    where it pushed nothing after)."""
+    where it pushed nothing after), and the recorded wait of the iteration before (`waits`: per worker,
+    iteration -> ``wait_s`` of its rows)."""
     out = []
     for t in times:
         counts = []
-        for w in range(workers):
+        for w in range(len(waits)):
             mine = pushes[pushes["worker"] == w]
             later = mine["iteration"][mine["t"] > t]
             counts.append(int(later.min()) if len(later) else int(mine["iteration"].max(initial=-1)) + 1)
-        out.append(Restart(float(t), tuple(counts)))
+        out.append(Restart(float(t), tuple(counts), tuple(waits[w].get(c - 1) for w, c in enumerate(counts))))
     return out
