@@ -169,3 +169,16 @@ def test_a_plan_file_replaced_since_the_checkpoint_is_refused(tmp_path):
     assert p.returncode == 2 and p.stderr.count("ebsp_mpi: error") == 1, p.stderr
     assert f"osdp.plan = '{plan}' has changed since the checkpoint" in p.stderr, p.stderr
     assert files_of(run) == before
+
+
+def test_a_checkpoint_written_before_checksums_is_read_unverified(tmp_path, caplog):
+    """Format 1 carried no checksums: a run checkpointed before them still resumes, with a warning."""
+    write_checkpoint(tmp_path, checkpoint_of())
+    with h5py.File(tmp_path / CHECKPOINT_FILE, "a") as f:
+        f.attrs["format"] = 1
+        for key in ("attrs_sha256", "plan_sha256"):
+            del f.attrs[key]
+        f["params"].attrs["sha256"] = "0" * 64  # not read: format 1 has none
+    back = read_checkpoint(tmp_path)
+    assert back.version == 7 and back.plan_sha256 == ""
+    assert "read unverified" in caplog.text
