@@ -17,7 +17,7 @@ import numpy as np
 
 from . import build
 from .backend import resolve_backend
-from .checkpoint import Checkpoint, read_checkpoint, write_checkpoint
+from .checkpoint import Checkpoint, plan_digest, read_checkpoint, write_checkpoint
 from .config import JobConfig, to_dict
 from .nn.average import round_mean
 from .outputs import AccuracyTargets, build_summary, write_model, write_summary
@@ -69,13 +69,15 @@ def train(job: JobConfig, run_dir: Path, workers: int, show_progress: bool = Tru
             stream.seek(step)
         log.info("resumed from the checkpoint at %.1f s, step %d", resumed_at, step)
 
+    plan_sha256 = plan_digest(to_dict(job))  # the OSDP plan as the run started with it
+
     def checkpoint(t: float) -> None:
         write_checkpoint(run_dir, Checkpoint(
             params=backend.to_host(space.data), velocity=backend.to_host(opt.velocity), version=step, run_seconds=t,
             iterations=np.full(workers, step),
             totals={"compute_s": compute, "wait_s": np.zeros(workers), "injected_delay_s": np.zeros(workers),
                     "last_loss": np.full(workers, loss)},
-            evals=evals, reached=targets.reached, config=to_dict(job)))
+            evals=evals, reached=targets.reached, config=to_dict(job), plan_sha256=plan_sha256))
 
     terminate = []
     previous_handler = signal.signal(signal.SIGTERM, lambda signum, frame: terminate.append(True))

@@ -26,7 +26,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import build
-from ..checkpoint import LAST_LOSS, TOTALS, Checkpoint, write_checkpoint
+from ..checkpoint import LAST_LOSS, TOTALS, Checkpoint, plan_digest, write_checkpoint
 from ..config import JobConfig, to_dict
 from ..errors import UsageError
 from ..outputs import AccuracyTargets, build_summary, write_model, write_summary
@@ -96,6 +96,7 @@ class Server:
         self.resumed_totals = {name: np.zeros(n) for name in TOTALS}
         self.flush_asked = np.zeros(n, dtype=bool)  # a checkpoint was written: flush your trace
         self.next_checkpoint = job.checkpoint.every_seconds or np.inf
+        self.plan_sha256 = plan_digest(to_dict(job))  # the OSDP plan as the run started with it
         self.trace = open_rank_trace(ctx, job, run_dir, role="server", backend="numpy", device="cpu",
                                      append=resume is not None)
         self.trace.set_attrs(**self.layout.as_attrs())
@@ -321,18 +322,19 @@ class Server:
         parameters and optimizer state `whole` already gathered as of now, or gathered here."""
         c0, coordinator = self.ctx.now(), self.coordinator
         params, velocity = whole if whole is not None else (self._whole_model(velocity=True), self.whole_velocity)
+        # the trace first: a kill between the two must not leave pushes the checkpoint counts out of it
+        self.trace.flush()
         write_checkpoint(self.run_dir, Checkpoint(
             params=params, velocity=velocity, version=coordinator.version, run_seconds=t,
             iterations=np.array(coordinator.pushes), totals={**self.totals, LAST_LOSS: self.last_loss},
             rejected=coordinator.rejected,
             policy=self.policy.state_dict(),
-            evals=self.evals, reached=self.targets.reached, config=to_dict(self.job)))
+            evals=self.evals, reached=self.targets.reached, config=to_dict(self.job), plan_sha256=self.plan_sha256))
         log.info("checkpoint at %.1f s: version %d, %d pushes, written in %.2f s", t, coordinator.version,
                  sum(coordinator.pushes), self.ctx.now() - c0)
         every = self.job.checkpoint.every_seconds
         self.next_checkpoint = t + every if every else np.inf
-        self.trace.flush()  # a resumed run keeps the trace rows flushed before its checkpoint
-        self.flush_asked[:] = True
+        self.flush_asked[:] = True  # the workers flush theirs at their next reply
 
     def _restore(self, ckpt: Checkpoint) -> None:
         """Continue from `ckpt`: the weights, optimizer state, counts, policy state and evaluations; the
