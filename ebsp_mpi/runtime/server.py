@@ -170,8 +170,7 @@ class Server:
         self.trace.append("pushes", worker=w, iteration=iteration, t=t, version_before=version_before,
                           staleness=version_before - version_used, rejected=rejected)
         actions = coordinator.push(w, t, rejected)
-        pushed = sum(coordinator.pushes)
-        if self.fault is not None and self.fault.due(pushed):
+        if self.fault is not None and self.fault.due(pushed := sum(coordinator.pushes)):
             self.fault.fire(f"push {pushed}")
         self._carry_out(actions, t)
 
