@@ -3,7 +3,7 @@
 # MPI where the library has it, and the layers against PyTorch. Run from anywhere:
 #
 #   OUT=/tmp/gpu-check .ci/gpu-check.sh            # every step
-#   STEPS="preflight tests" .ci/gpu-check.sh      # some of: preflight install tests train oracle cuda-aware bench osdp
+#   STEPS="preflight tests" .ci/gpu-check.sh      # some of: preflight install tests train oracle cuda-aware bench ps osdp
 #
 # Steps (each one's output in $OUT/<step>.log; one line per step in $OUT/summary.txt: ok, FAIL or skip):
 #   preflight   nvidia-smi, the interpreter, and which of numpy, mpi4py, cupy, torch import (versions)
@@ -11,14 +11,18 @@
 #               and MPICH (with pytest-mpi, in a venv over PYTHON's packages) where no mpiexec is found
 #   tests       python -m pytest -m gpu -x -q (the suite's CuPy cases), then the fake-device tests
 #   train       mpiexec -n 3 ... train --set backend=cupy (two workers sharing the GPU) for every sync
-#               model, wait-free backprop on and off, staged through host buffers
+#               model in MODELS (default all six), wait-free backprop on and off, staged through host
+#               buffers; then BSP with four workers on the one GPU (mpiexec -n 5)
 #   oracle      BSP on CuPy against the single-process NumPy oracle: the models' largest difference
 #   cuda-aware  a CuPy array sent between two ranks; if it arrives intact, BSP with
 #               runtime.cuda_aware_mpi=true, wait-free backprop on and off (else: skip, and why)
-#   bench       python -m ebsp_mpi bench nn (with torch installed)
+#   bench       python -m ebsp_mpi bench nn --device cuda: CuPy layers against PyTorch on the same GPU
+#   ps          bench ps --servers 1,2,4 under mpiexec -n PS_RANKS (default 9): the push + pull round
+#               trip through 1, 2 and 4 server ranks against raw MPI (CPU ranks; needs the cores)
 #   osdp        OSDP's predicted against measured peak memory and iteration time (jobs/osdp/measure.sh,
 #               docs/osdp.md): on NumPy, 3 workers and the server with a core each (the GPU machine's
-#               CPUs, OSDP_WORKERS to change), then on CuPy with one worker (the device to itself)
+#               CPUs, OSDP_WORKERS to change), then on CuPy with one worker (the device to itself);
+#               OSDP_BACKENDS="numpy" runs the first alone
 #
 # Environment: PYTHON (default: .venv/bin/python where it runs, else python3), MPIEXEC (default: the
 # mpiexec beside PYTHON, else on PATH), PIP_INSTALL_ARGS (e.g. "--no-index --find-links /wheels" on an
@@ -145,11 +149,13 @@ if wanted tests; then
 fi
 
 if wanted train; then
-  for model in bsp asp ssp dssp elasticbsp psp; do
+  for model in ${MODELS:-bsp asp ssp dssp elasticbsp psp}; do
     for wfbp in false true; do
       train "train-$model-wfbp-$wfbp" --set sync.model="$model" --set runtime.wait_free_backprop="$wfbp"
     done
   done
+  run train-bsp-4-workers "$MPIEXEC" -n 5 "$PYTHON" -m ebsp_mpi train -q --out "$OUT/runs/train-bsp-4-workers" \
+    --set backend=cupy --set sync.model=bsp --set stop.iterations="$ITERATIONS" --set stop.epochs=0
 fi
 
 if wanted oracle; then
@@ -208,14 +214,19 @@ fi
 
 if wanted bench; then
   if imports torch; then
-    run bench-nn "$PYTHON" -m ebsp_mpi bench --json "$OUT/bench-nn.json" nn
+    run bench-nn "$PYTHON" -m ebsp_mpi bench --json "$OUT/bench-nn.json" nn --device cuda
   else
     record bench-nn skip 0 "torch does not import"
   fi
 fi
 
+if wanted ps; then
+  run bench-ps "$MPIEXEC" -n "${PS_RANKS:-9}" "$PYTHON" -m ebsp_mpi bench --json "$OUT/bench-ps.json" ps \
+    --servers 1,2,4 ${PS_ARGS:-}
+fi
+
 if wanted osdp; then  # each prints its table; its runs stay in /tmp (the lent machine returns few files)
-  for backend in numpy cupy; do
+  for backend in ${OSDP_BACKENDS:-numpy cupy}; do
     workers=${OSDP_WORKERS:-3}
     [[ $backend == cupy ]] && workers=1
     run "osdp-$backend" env PYTHON="$PYTHON" MPIEXEC="$MPIEXEC" BACKEND=$backend WORKERS="$workers" \

@@ -146,6 +146,54 @@ def test_nn_writes_one_record_per_layer_case(monkeypatch):
     assert [r["case"].split()[0] for r in records] == ["Dense", "Conv2D", "MaxPool2D", "SGD.step"]
 
 
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """bench nn's GPU path with the fake CuPy as our side and PyTorch on the CPU as theirs."""
+    torch = pytest.importorskip("torch")
+    import fakecupy
+    from ebsp_mpi.bench import nn
+
+    fakecupy.install(monkeypatch)
+    monkeypatch.setattr(nn, "GPU_DENSE", ((4, 8, 6),))
+    monkeypatch.setattr(nn, "GPU_CONV", ((2, 3, 4, 6),))
+    monkeypatch.setattr(nn, "GPU_POOL", ((2, 3, 4),))
+    monkeypatch.setattr(nn, "SGD_SIZE", 1000)
+    sync = fakecupy.cuda.get_current_stream().synchronize
+    device = nn.Device("cuda", fakecupy, "cpu", sync, lambda: None)
+    monkeypatch.setattr(nn, "_device", lambda name, torch: device)
+    return nn, torch, device
+
+
+def test_nn_on_a_gpu_times_the_same_work_on_both_sides(fake_gpu):
+    nn, torch, device = fake_gpu
+    rng = np.random.default_rng(0)
+    for kind, desc, ours, theirs in nn._layer_cases(torch, rng, device):
+        _, dx = ours()
+        torch_dx = theirs()[0]
+        # the input gradient of the same layer, weights and upstream gradient: equal up to float32
+        np.testing.assert_allclose(device.to_host(dx), torch_dx.detach().numpy(), rtol=1e-4, atol=1e-5,
+                                   err_msg=f"{kind} {desc}")
+
+
+def test_nn_on_a_gpu_writes_one_record_per_case(fake_gpu):
+    nn, _, _ = fake_gpu
+    records: list[dict] = []
+    assert nn.main(["--device", "cuda", "--reps", "2", "--warmup", "1"], records=records) == 0
+    check_records(records, "nn")
+    assert all(r["case"].endswith("(cuda)") for r in records)
+    assert [r["case"].split()[0] for r in records] == ["Dense", "Conv2D", "MaxPool2D", "SGD.step"]
+
+
+def test_nn_on_a_gpu_refuses_in_one_line_where_there_is_none(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from ebsp_mpi.backend import BackendError
+    from ebsp_mpi.bench import nn
+
+    monkeypatch.setitem(sys.modules, "cupy", None)   # CuPy cannot be imported
+    with pytest.raises(BackendError, match="cupy"):
+        nn._device("cuda", torch)
+
+
 # -- under mpiexec --------------------------------------------------------------------------------
 
 @pytest.mark.slow
@@ -156,7 +204,7 @@ def test_mpi_measures_bandwidth_and_latency_for_every_size(tmp_path):
     assert [r["case"] for r in records] == ["bandwidth 4 KiB", "latency 4 KiB", "bandwidth 256 KiB",
                                             "latency 256 KiB", "cold bandwidth 256 KiB"]
     assert [r["unit"] for r in records] == ["B/s", "s", "B/s", "s", "B/s"]
-    for bandwidth, latency, size in zip(records[:4:2], records[1:4:2], (4096, 256 << 10)):
+    for bandwidth, latency, size in zip(records[:4:2], records[1:4:2], (4096, 256 << 10), strict=True):
         assert bandwidth["figure"] == pytest.approx(size / latency["figure"])
     assert records[4]["reference_figure"] == records[2]["figure"]  # against the same size from cache
     assert "raw MPI ping-pong" in out and "cold" in out
