@@ -99,6 +99,17 @@ class Layout:
                 "chunk_bytes": self.chunk_bytes}
 
 
+def tag_upper_bound(comm) -> int:
+    """The largest message tag on `comm`. The standard attaches ``MPI_TAG_UB`` to ``MPI_COMM_WORLD``;
+    Open MPI gives a communicator made by ``Split`` none (``Get_attr`` returns None), so fall back to
+    the world's, then to the 32767 every implementation must allow."""
+    for c in (comm, MPI.COMM_WORLD):
+        value = c.Get_attr(MPI.TAG_UB)
+        if value is not None:
+            return int(value)
+    return 32767
+
+
 def make_layout(ctx, job, model) -> Layout:
     """The layout of `job` on `model`'s ParamSpace with this job's ranks (``ctx``)."""
     space = model.space
@@ -107,7 +118,7 @@ def make_layout(ctx, job, model) -> Layout:
     osdp = build.osdp_plan(job, model)
     schedule = make_schedule(osdp, model) if osdp and any(e["mode"] == "on-demand" for e in osdp["layers"]) else None
     bounds = _cut([(t.offset, t.size) for t in space.tensors], schedule.cuts() if schedule else [])
-    chunks = plan_chunks(bounds, space.dtype.itemsize, chunk_bytes, ctx.comm.Get_attr(MPI.TAG_UB))
+    chunks = plan_chunks(bounds, space.dtype.itemsize, chunk_bytes, tag_upper_bound(ctx.comm))
     names, plan = build.hybrid_plan(job, model, ctx.workers)
     sfb = sfb_layers(space, names)
     chunk_tensor = tensor_of_chunks(space, chunks)
