@@ -210,3 +210,33 @@ def test_mlp_training_drives_loss_down():
         opt.step(model.space.data, model.space.grad, 0.05)
     loss, acc = model.evaluate(x, y)
     assert loss < 0.1 * loss0 and acc > 0.97
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mu, nesterov, wd", [(0.0, False, 0.0), (0.0, False, 5e-4), (0.9, False, 0.0),
+                                              (0.9, True, 5e-4)])
+def test_the_cupy_step_is_the_numpy_step_to_the_bit(mu, nesterov, wd):
+    """One fused kernel on the GPU, without fused multiply-add: the NumPy path's parameters exactly,
+    on a whole buffer and on a tensor's slice of it (``offset``)."""
+    from ebsp_mpi.backend import cupy_status
+
+    cupy, reason = cupy_status()
+    if cupy is None:
+        pytest.skip(reason)
+    if not hasattr(cupy, "ElementwiseKernel"):
+        pytest.skip("this CuPy compiles no kernels (the tests' stand-in)")
+    rng = np.random.default_rng(3)
+    p0 = rng.standard_normal(1000, dtype=np.float32)
+    grads = [rng.standard_normal(1000, dtype=np.float32) for _ in range(5)]
+    host = SGD(1000, momentum=mu, nesterov=nesterov, weight_decay=wd, fused=False)
+    device = SGD(1000, momentum=mu, nesterov=nesterov, weight_decay=wd, xp=cupy)
+    assert device._device_step is not None
+    p, dp = p0.copy(), cupy.asarray(p0)
+    for k, g in enumerate(grads):
+        lr = 0.1 / (k + 1)
+        host.step(p, g, lr)
+        device.step(dp, cupy.asarray(g), lr)
+        host.step(p[300:700], g[:400], lr, offset=300)
+        device.step(dp[300:700], cupy.asarray(g[:400]), lr, offset=300)
+    np.testing.assert_array_equal(dp.get(), p)
+    np.testing.assert_array_equal(device.velocity.get(), host.velocity)

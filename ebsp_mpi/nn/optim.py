@@ -63,6 +63,8 @@ class SGD:
             self.fused = kernels.warm_up(dtype)  # compile now, not in the first (timed) step
         self._fused_step = kernels.make_step(dtype, momentum=self.momentum, nesterov=self.nesterov,
                                              weight_decay=self.weight_decay) if self.fused and xp is numpy else None
+        # On CuPy, one elementwise kernel instead of up to seven: the step is bound by memory traffic
+        self._device_step = _device_step(xp, self.momentum, self.nesterov, self.weight_decay)
 
     def step(self, params, grad, lr: float, *, offset: int = 0) -> None:
         """Update ``params`` in place from ``grad`` (left unchanged) with learning rate ``lr``.
@@ -84,6 +86,9 @@ class SGD:
                              f"{tuple(grad.shape)}, offset {offset}")
         lr = float(lr)
         velocity = self.velocity if offset == 0 and n == self.size else self.velocity[offset:offset + n]
+        if self._device_step is not None:
+            self._device_step(params, grad, velocity, lr)
+            return
         if self._fused_step is not None:
             try:
                 self._fused_step(params, grad, velocity, lr)
@@ -115,3 +120,28 @@ class SGD:
         else:
             xp.multiply(v, lr, out=s)
         xp.subtract(p, s, out=p)
+
+
+def _device_step(xp, momentum: float, nesterov: bool, weight_decay: float):
+    """The whole update as one CuPy elementwise kernel, or None off CuPy.
+
+    It does the NumPy path's float operations in the same order on the array's dtype, compiled
+    without fused multiply-add (``--fmad=false``), so that it gives the NumPy path's parameters to the
+    bit: a GPU worker's single-process oracle agrees with it whichever path each takes."""
+    if not hasattr(xp, "ElementwiseKernel"):   # NumPy, or a stand-in without kernels
+        return None
+    body = ["T d = g;"]
+    if weight_decay:
+        body.append("d = p * wd + d;")   # s = p*wd; g = s + g: each product rounded, no FMA
+    if momentum == 0:
+        body.append("p = p - d * lr;")
+    else:
+        body.append("v = v * mu; v = v + d;")
+        body.append("p = p - d * lr; p = p - v * lr_mu;" if nesterov else "p = p - v * lr;")
+    kernel = xp.ElementwiseKernel("T g, T lr, T mu, T wd, T lr_mu", "T p, T v", " ".join(body),
+                                  "ebsp_sgd_step", options=("--fmad=false",))
+
+    def step(params, grad, velocity, lr):
+        t = params.dtype.type
+        kernel(grad, t(lr), t(momentum), t(weight_decay), t(lr * momentum), params, velocity)
+    return step
