@@ -80,6 +80,9 @@ class OptimConfig:
     min_lr: float = _opt(0.0, "cosine schedule: final learning rate", min=0.0)
     total_steps: int = _opt(0, "cosine schedule: length in optimizer steps (0: derive from stop.iterations)",
                             min=0)
+    staleness: str = _opt("none", "staleness-aware updates of stale pushes: none, scale (lr / staleness) or dc "
+                                  "(DC-ASGD's delay compensation)", choices=("none", "scale", "dc"))
+    dc_lambda: float = _opt(0.04, "dc: lambda of g + lambda * g * g * (w_now - w_pulled)", min=0.0)
 
 
 @dataclass
