@@ -34,6 +34,10 @@ def add_parser(subparsers) -> None:
                    help="virtual workers (default: sync.workers, or the replayed run's)")
     p.add_argument("--iterations", type=int, metavar="K", help="pushes per worker (default: stop.iterations)")
     p.add_argument("--replay", metavar="RUN_DIR", help="replay the iteration times recorded in this run's traces")
+    p.add_argument("--train", action="store_true",
+                   help="real weights: every virtual worker computes its gradients on the version it was "
+                        "released with, applied by the server's optimizer (with --replay of a run under its "
+                        "own sync model: its pushes in their recorded order)")
     p.add_argument("--sweep", metavar="FILE", help="simulate every member of a sweep file, then tabulate them")
     p.add_argument("--out", metavar="DIR", help="run directory (default runs/<name>-simulated-<timestamp>)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
@@ -42,9 +46,10 @@ def add_parser(subparsers) -> None:
 
 def main(args) -> int:
     if args.sweep:
-        if args.job or args.replay or args.overrides or args.workers is not None or args.iterations is not None:
+        if args.job or args.replay or args.overrides or args.workers is not None or args.iterations is not None \
+                or args.train:
             raise UsageError("simulate --sweep FILE: the sweep file names the jobs; give no JOB, --set, --workers, "
-                             "--iterations or --replay")
+                             "--iterations, --replay or --train")
         from .study import run_sweep
 
         run_sweep(args.sweep, args.out, show_progress=not args.quiet)
@@ -64,7 +69,7 @@ def main(args) -> int:
     run_dir = make_run_dir(args.out, f"{job.name}-simulated")
     try:
         summary = simulate_job(job, workers, run_dir, replay=args.replay, iterations=args.iterations,
-                               show_progress=not args.quiet)
+                               show_progress=not args.quiet, train=args.train)
     except UsageError:
         remove_if_unused(run_dir)
         raise

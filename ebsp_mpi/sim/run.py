@@ -32,15 +32,17 @@ import numpy as np
 from .. import __version__
 from ..config import JobConfig, to_dict
 from ..errors import UsageError
-from ..outputs import AccuracyTargets, build_summary, write_summary
+from ..outputs import AccuracyTargets, build_summary, write_model, write_summary
 from ..progress import Progress
 from ..straggler import straggler_model
 from ..sync.registry import make_policy
-from ..sync.simulate import SimResult, simulate
-from ..trace.schema import (BARRIER_MEMBERS, BARRIERS, ITERATIONS, PULLS, PUSHES, TABLES, WORKER_ITERATIONS,
-                            WORKERS_FILE, ZIPLINE)
+from ..sync.simulate import ReplayMismatch, SimResult, simulate
+from ..trace.schema import (BARRIER_MEMBERS, BARRIERS, EVALS, ITERATIONS, PULLS, PUSHES, TABLES,
+                            WORKER_ITERATIONS, WORKERS_FILE, ZIPLINE)
 from ..trace.writer import TraceWriter, trace_path
+from .recorded import recorded_pushes
 from .restarts import simulate_resumed
+from .training import EmulatedTrainer
 from .workers import ModelWorkers, ReplayWorkers
 
 #: Workers above which the workers' iterations go into one file, not one file per rank.
@@ -48,6 +50,20 @@ WORKER_FILES_MAX = 1024
 #: Target bytes of one HDF5 chunk, as the live trace writer's.
 _CHUNK_BYTES = 64 * 1024
 _LIBVER = ("earliest", "v108")
+
+
+def _limits(job: JobConfig, workers: int, iterations: int | None, trainer) -> tuple[list[int | None], float]:
+    """Per worker, its iterations, and the time limit: :func:`stop_rule`'s, or with real weights the
+    server's (``stop.epochs`` counts too, on each worker's shard)."""
+    if trainer is None:
+        limit, until = stop_rule(job, iterations)
+        return [limit] * workers, until
+    until = job.stop.seconds or math.inf
+    limits = [iterations] * workers if iterations is not None else trainer.limits()
+    if None in limits and until == math.inf:
+        raise UsageError("simulate --train: how long? give --iterations K, or stop.iterations, stop.epochs or "
+                         "stop.seconds in the job")
+    return limits, until
 
 
 def stop_rule(job: JobConfig, iterations: int | None) -> tuple[int | None, float]:
@@ -77,8 +93,9 @@ def virtual_workers(job: JobConfig, workers: int, replay: str | os.PathLike | No
 
 
 def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, iterations: int | None = None,
-                 show_progress: bool = True) -> dict:
+                 show_progress: bool = True, train: bool = False) -> dict:
     """Simulate `job` with `workers` virtual workers into `run_dir`; returns the summary (also written).
+    With `train`, real weights (``sim.training``): the run has a model, evaluations and ``model.h5``.
 
     Raises
     ------
@@ -91,23 +108,39 @@ def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, it
     # one virtual server whatever the job's runtime.servers (a replayed run's may say 2): the run's
     # config then tells its readers that worker w is rank w + 1, as the files are written
     job = replace(job, runtime=replace(job.runtime, servers=1))
-    limit, until = stop_rule(job, iterations)
+    recorded = recorded_pushes(replay, job, workers) if train and replay is not None else None
+    trainer = EmulatedTrainer(job, workers, recorded.chunk_bytes if recorded else None) if train else None
+    limits, until = _limits(job, workers, iterations, trainer)
     source = virtual_workers(job, workers, replay)
     try:
         policy = make_policy(job.sync, workers, seed=job.seed)
     except ValueError as e:
         raise UsageError(f"simulate with {workers} workers: {e}") from None
-    progress = Progress(workers * limit if limit else None, unit="push", enabled=show_progress)
+    total = sum(limits) if None not in limits else None
+    progress = Progress(total, unit="push", enabled=show_progress)
     # a resumed run is replayed with its restarts (sim.restarts), worker for recorded worker
     restarts = getattr(source, "restarts", []) if getattr(source, "recorded", None) == workers else []
     started = time.perf_counter()
     ends: list[dict[int, float]] = [{} for _ in range(workers)]
+    if restarts and trainer is not None:
+        raise UsageError(f"simulate --train --replay {replay}: the run was resumed {len(restarts)} time(s), and "
+                         "the weights each restart reloaded from its checkpoint are not replayed; replay it "
+                         "without --train, or a run that was not resumed")
     if restarts:
-        result, ends = simulate_resumed(lambda: make_policy(job.sync, workers, seed=job.seed), source, limit, until,
-                                        restarts)
+        result, ends = simulate_resumed(lambda: make_policy(job.sync, workers, seed=job.seed), source, limits[0],
+                                        until, restarts)
     else:
-        result = simulate(policy, source, limit, until=until, keep_releases=False,
-                          progress=lambda pushes: progress.update(pushes))
+        t0 = recorded.t0 if recorded is not None else 0.0
+        if trainer is not None:
+            trainer.begin(t0)
+        try:
+            result = simulate(policy, source, None, until=until, keep_releases=False, limits=limits, t0=t0,
+                              progress=lambda pushes: progress.update(pushes), trainer=trainer,
+                              recorded=recorded.pushes if recorded is not None else None)
+        except ReplayMismatch as e:
+            raise UsageError(f"simulate --train --replay {replay}: {e}; the recording cannot be paired") from None
+        if recorded is not None:
+            recorded.check(result)
     seconds = time.perf_counter() - started
     progress.close(result.pushes)
     policy_tables = _record_rows(result.records)  # written and summarised both
@@ -124,22 +157,35 @@ def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, it
         else:
             _write_workers(run_dir, attrs, iterations_rows)
 
+    wall = float(np.nanmax(result.end)) if workers else 0.0
+    test_loss = test_accuracy = None
+    if trainer is not None:
+        test_loss, test_accuracy = trainer.finish(wall)
+        write_model(run_dir, trainer.state_dict(), version=result.versions, step=result.versions,
+                    attrs={"sync": policy.name, "config_json": to_dict(job), "simulated": True})
+        if job.trace.enabled:
+            _write_evals(run_dir, trainer.evals)
     summary = build_summary(
-        job, sync=policy.name, world_size=workers + 1, backend="simulated",
-        wall_seconds=float(np.nanmax(result.end)) if workers else 0.0,
+        job, sync=policy.name, world_size=workers + 1, backend="simulated", wall_seconds=wall,
         iterations=[len(p) for p in result.push],
         wait_seconds=[float(rows["wait_s"].sum()) for rows in iterations_rows],
         compute_seconds=[float(p.compute[:-1].sum()) for p in parts],
         injected_delay_seconds=[float(p.delay[:-1].sum()) for p in parts],
-        barriers=result.barriers, rejected_pushes=0, versions=result.versions, train_loss=None, test_loss=None,
-        test_accuracy=None, targets=AccuracyTargets([]), evals=[], mpi_library=None)
+        barriers=result.barriers, rejected_pushes=trainer.rejected if trainer else 0, versions=result.versions,
+        train_loss=trainer.statistics()["train_loss"] if trainer else None, test_loss=test_loss,
+        test_accuracy=test_accuracy, targets=trainer.targets if trainer else AccuracyTargets([]),
+        evals=trainer.evals if trainer else [], mpi_library=None)
     summary["simulation"] = {
         "source": source.source, "replay": None if replay is None else str(replay),
-        "iterations_limit": limit, "seconds_limit": None if until == math.inf else until,
+        "iterations_limit": limits[0] if len(set(limits)) == 1 else None,
+        "seconds_limit": None if until == math.inf else until,
         "pushes": result.pushes, "simulation_seconds": seconds, "restarts": [r.t for r in restarts],
         "pushes_per_second": result.pushes / seconds if seconds > 0 else None,
+        "exact_replay": recorded is not None,
         **_statistics(result, policy_tables),
     }
+    if trainer is not None:
+        summary["simulation"]["training"] = trainer.statistics()
     write_summary(run_dir, summary)
     return summary
 
@@ -170,9 +216,10 @@ def describe(summary: dict, run_dir) -> str:
     """One line on a finished simulation, for the terminal."""
     sim = summary["simulation"]
     waited = sum(summary["wait_seconds"]) / max(1, sum(summary["iterations"]))
+    trained = "" if summary["test_accuracy"] is None else f", test accuracy {summary['test_accuracy']:.4f}"
     return (f"{summary['sync']} (simulated, {sim['source']}): {summary['workers']} worker(s), "
             f"{sim['pushes']} pushes in {summary['wall_seconds']:.2f} simulated s, mean wait {1000 * waited:.2f} ms "
-            f"per push; simulated in {sim['simulation_seconds']:.1f} s -> {run_dir}")
+            f"per push{trained}; simulated in {sim['simulation_seconds']:.1f} s -> {run_dir}")
 
 
 # -- the trace tables --------------------------------------------------------------------------------
@@ -262,6 +309,17 @@ def _write_workers(run_dir: Path, attrs: dict, rows: list[np.ndarray]) -> None:
     with h5py.File(path, "a", libver=_LIBVER) as f:
         chunk = max(64, _CHUNK_BYTES // table.dtype.itemsize)
         f.create_dataset("worker_iterations", data=table, maxshape=(None,), chunks=(min(chunk, max(len(table), 1)),))
+
+
+def _write_evals(run_dir: Path, evals: list[tuple[float, int, float, float]]) -> None:
+    """The emulated evaluations into the server's trace, as the live server records them (an emulated
+    evaluation takes no virtual time)."""
+    rows = np.zeros(len(evals), dtype=EVALS)
+    for i, (t, version, loss, acc) in enumerate(evals):
+        rows[i] = (t, version, loss, acc, 0.0)
+    if len(rows):
+        with h5py.File(trace_path(run_dir, 0), "a", libver=_LIBVER) as f:
+            f.create_dataset("evals", data=rows, maxshape=(None,), chunks=(min(len(rows), 1024),))
 
 
 def _write_rank(run_dir: Path, rank: int, attrs: dict, tables: dict[str, np.ndarray]) -> None:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .base import Record, SyncPolicy
-from .coordinator import Apply, Coordinator, Reply, Round
+from .coordinator import Apply, Coordinator, Reject, Reply, Round
 
 #: Per-worker constant intervals (seconds); ``interval(worker, k)`` for worker's k-th iteration; an
 #: (n, m) array whose row w worker w cycles through; or an object with ``interval(worker, k, t)`` (t:
@@ -151,7 +151,8 @@ class SimResult:
 
 def simulate(policy: SyncPolicy, intervals: Intervals, iterations: int | None = None, *, t0: float = 0.0,
              until: float = math.inf, keep_releases: bool = True,
-             progress: Callable[[int], None] | None = None) -> SimResult:
+             progress: Callable[[int], None] | None = None, limits: Sequence[int | None] | None = None,
+             trainer: Trainer | None = None, recorded: Sequence[tuple[float, int]] | None = None) -> SimResult:
     """Run ``policy.workers`` virtual workers for ``iterations`` iterations each (or until ``until``).
 
     Parameters
@@ -171,6 +172,16 @@ def simulate(policy: SyncPolicy, intervals: Intervals, iterations: int | None = 
         need not).
     progress : callable, optional
         Called with the pushes so far every :data:`PROGRESS_EVERY` pushes.
+    limits : sequence of int or None, optional
+        Per worker, its iterations (as the server's ``stop.epochs`` gives each its own); in place of
+        ``iterations``.
+    trainer : Trainer, optional
+        Real weights (``simulate --train``): told of every release and push, it computes the gradients
+        and carries out the applies and rounds (:class:`Trainer`).
+    recorded : sequence of (t, worker), optional
+        Take the pushes in this order at these times (a recorded run's, replayed exactly) instead of
+        scheduling them from ``intervals``; a push whose worker is not computing at that point is a
+        :class:`ReplayMismatch`.
 
     Returns
     -------
@@ -185,24 +196,55 @@ def simulate(policy: SyncPolicy, intervals: Intervals, iterations: int | None = 
     RuntimeError
         When the policy releases a worker whose pull is not pending.
     """
-    interval = _interval_function(intervals, policy.workers)
+    interval = None if recorded is not None else _interval_function(intervals, policy.workers)
     if iterations is not None and (isinstance(iterations, bool) or not isinstance(iterations, (int, np.integer))
                                    or iterations < 1):
         raise ValueError(f"iterations must be an integer >= 1, got {iterations!r}")
-    if iterations is None and not until < math.inf:
+    limits = [iterations] * policy.workers if limits is None else list(limits)
+    if None in limits and not until < math.inf:
         raise ValueError("simulate needs an iteration count or a finite time limit (until)")
-    run = _Run(Coordinator(policy, [iterations] * policy.workers, until), interval, keep_releases, t0)
+    run = _Run(Coordinator(policy, limits, until), interval, keep_releases, t0, trainer)
     run.carry_out(run.coordinator.start(t0), t0)
-    run.loop(progress)
+    if recorded is not None:
+        run.replay(recorded)
+    else:
+        run.loop(progress)
     return run.result()
+
+
+class ReplayMismatch(RuntimeError):
+    """A recorded push that the policy, given the recorded pushes before it, would not have let happen."""
+
+
+class Trainer:
+    """What ``simulate`` tells a driver of real weights (:mod:`ebsp_mpi.sim.training`); every method
+    is called at the event's point in the order of the coordinator's actions."""
+
+    def released(self, worker: int, version: int) -> None:
+        """`worker` starts an iteration on the weights of `version` (the current ones)."""
+
+    def pushed(self, worker: int, t: float) -> bool:
+        """`worker` pushes at `t`: compute its gradient; True when it is rejected (NaN or Inf)."""
+        return False
+
+    def apply(self, worker: int, version: int) -> None:
+        """Apply `worker`'s push as one step at the learning rate of `version`."""
+
+    def round(self, members: tuple[int, ...], version: int) -> None:
+        """BSP: the mean of `members`' pushes as one step at the learning rate of `version`."""
+
+    def reject(self, worker: int) -> None:
+        """`worker`'s push held NaN or Inf: drop it."""
 
 
 class _Run:
     """One simulation: the workers' records, the heap of pending pushes, and the coordinator's
     actions carried out on them."""
 
-    def __init__(self, coordinator: Coordinator, interval, keep_releases: bool, t0: float):
+    def __init__(self, coordinator: Coordinator, interval, keep_releases: bool, t0: float,
+                 trainer: Trainer | None = None):
         n = coordinator.workers
+        self.trainer = trainer
         self.coordinator, self.policy, self.interval = coordinator, coordinator.policy, interval
         self.keep_releases = keep_releases
         self.starts, self.pushes = [array("d") for _ in range(n)], [array("d") for _ in range(n)]
@@ -224,9 +266,12 @@ class _Run:
         self.wait[w] += t - since
         if r.stop:
             self.end[w], self.stop_version[w] = t, r.version
-        else:
-            self.starts[w].append(t)
-            self.used[w].append(r.version)
+            return
+        self.starts[w].append(t)
+        self.used[w].append(r.version)
+        if self.trainer is not None:
+            self.trainer.released(w, r.version)
+        if self.interval is not None:  # None: the pushes come from a recording
             heapq.heappush(self.heap, (t + self.interval(w, self.coordinator.pushes[w], t), w))
 
     def carry_out(self, actions: list, t: float) -> None:
@@ -234,6 +279,8 @@ class _Run:
         coordinator counts the versions)."""
         released, closed = [], False
         for a in actions:
+            if self.trainer is not None:
+                self._train(a)
             replies = a.replies if type(a) is Round else (a,) if type(a) is Reply else ()
             closed |= type(a) is Round
             for r in replies:
@@ -247,6 +294,32 @@ class _Run:
             self.releases.append(Release(t, tuple(released), tuple(policy.pushes(w) for w in released),
                                          policy.min_done(), len(policy.active), closed))
 
+    def _train(self, a) -> None:
+        """An action on the weights, before the replies that follow it read them."""
+        if type(a) is Apply:
+            self.trainer.apply(a.worker, a.version)
+        elif type(a) is Round:
+            self.trainer.round(a.members, a.version)
+        elif type(a) is Reject:
+            self.trainer.reject(a.worker)
+
+    def _push(self, w: int, t: float) -> None:
+        """One push, the general way: recorded, the trainer told, the coordinator's actions carried out."""
+        self.pushes[w].append(t)
+        self.before[w].append(self.coordinator.version)
+        self.pulled_at[w] = t
+        rejected = self.trainer.pushed(w, t) if self.trainer is not None else False
+        self.carry_out(self.coordinator.push(w, t, rejected), t)
+
+    def replay(self, recorded: Sequence[tuple[float, int]]) -> None:
+        """Take the recorded pushes in their order; each must come from a worker that is computing."""
+        for k, (t, w) in enumerate(recorded):
+            if self.pulled_at[w] is not None or w in self.coordinator.left:
+                state = "has stopped" if w in self.coordinator.left else "is held, waiting for its release"
+                raise ReplayMismatch(f"recorded push {k} (worker {w} at t={t:.6f} s) does not fit: under "
+                                     f"{self.policy.name} worker {w} {state} at that point")
+            self._push(w, t)
+
     def loop(self, progress) -> None:
         """Take the pushes in time order until none is pending."""
         heap, pulled_at, push, pushes = self.heap, self.pulled_at, self.coordinator.push, self.coordinator.pushes
@@ -254,15 +327,21 @@ class _Run:
         start_append, used_append = [a.append for a in self.starts], [a.append for a in self.used]
         wait, interval, heappop, heappush, coordinator = self.wait, self.interval, heapq.heappop, heapq.heappush, \
             self.coordinator
-        fast = not self.keep_releases
+        fast = not self.keep_releases and self.trainer is None
         events = 0
         while heap:
             t, w = heappop(heap)
+            if not fast:
+                self._push(w, t)
+                events += 1
+                if progress is not None and not events % PROGRESS_EVERY:
+                    progress(events)
+                continue
             push_append[w](t)
             before_append[w](coordinator.version)
             pulled_at[w] = t
             actions = push(w, t)
-            if fast and len(actions) == 2 and type(actions[0]) is Apply and type(actions[1]) is Reply \
+            if len(actions) == 2 and type(actions[0]) is Apply and type(actions[1]) is Reply \
                     and not actions[1].stop and pulled_at[actions[1].worker] is not None:
                 # one push applied and a worker released, nothing else: reply() written out for speed
                 v = actions[1].worker

@@ -1,0 +1,170 @@
+"""Emulated training (``simulate --train``): the simulated schedule with real weights, in one process.
+
+Virtual worker w draws the batches live worker w would (``build.batch_stream``: its shard, reshuffled
+by ``(seed, w, epoch)``) and computes its gradient on the weights of the version it was released with;
+its push is applied when the coordinator says, with the server's optimizer, learning-rate schedule,
+NaN rule, BSP round mean (``nn.average.round_mean``, in worker order) and staleness rule
+(``nn.staleness``). Real compute time is not virtual time: the schedule comes from the straggler model
+or a recording. Evaluations run at virtual times (``eval.every_seconds``), on the weights as they were
+then.
+
+Weights of a version live only while a worker holds them (``nn.versions.VersionStore``): copied when
+a step would overwrite a version some worker still computes on, dropped with its last holder. The peak
+number of copies is reported (``training.peak_versions``), so the memory is at most (copies + 2) model
+sizes for the weights, plus one gradient per push not yet applied (BSP: a round's).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .. import build
+from ..config import JobConfig
+from ..errors import UsageError
+from ..nn.average import round_mean
+from ..nn.kernels import all_finite
+from ..nn.staleness import StalenessRule
+from ..nn.versions import VersionStore
+from ..outputs import AccuracyTargets
+from ..sync.simulate import Trainer
+
+
+def check_emulable(job: JobConfig) -> None:
+    """One line on what emulated training cannot do the way the live runtime does, else nothing."""
+    if job.osdp.plan:
+        raise UsageError("simulate --train: an OSDP plan (osdp.plan) changes what a worker holds, not what it "
+                         "computes; emulate the job without it (--set osdp.plan=)")
+    if job.comm.hybrid != "ps":
+        raise UsageError(f"simulate --train: comm.hybrid = {job.comm.hybrid!r}: sufficient factors are rebuilt "
+                         "on the server in another summation order; emulate with --set comm.hybrid=ps")
+
+
+class EmulatedTrainer(Trainer):
+    """The weights of one emulated run of `job` with `workers` virtual workers."""
+
+    def __init__(self, job: JobConfig, workers: int, chunk_bytes: int | None = None):
+        check_emulable(job)
+        self.job, self.n = job, workers
+        # wait-free backprop: a live worker computes each dense layer's weight gradient in row blocks of
+        # its messages (nn.layers.row_blocks), whose GEMMs sum in their own order; so does the replay
+        wfbp = job.runtime.wait_free_backprop and chunk_bytes
+        self.blocks = {"on_grad_ready": _ignore, "block_elems": int(chunk_bytes) // 4} if wfbp else {}
+        self.ds = build.dataset(job)
+        self.model = build.model(job, self.ds)           # computes every worker's gradient in turn
+        self.params = self.model.space.data.copy()        # the server's weights, initialised alike
+        self.opt = build.optimizer(job, self.params.size)
+        self.lr_at = build.schedule(job)
+        self.rule = StalenessRule(job.optim.staleness, job.optim.dc_lambda)
+        self.scratch = np.empty_like(self.params)
+        self.streams = [build.batch_stream(job, self.ds, w, workers) for w in range(workers)]
+        self.versions = VersionStore(self.params)
+        self.holding: list[int | None] = [None] * workers  # the version each computing worker holds
+        self.pending: dict[int, tuple[np.ndarray, int]] = {}  # pushed, not yet applied: (gradient, version used)
+        self.free: list[np.ndarray] = []
+        self.last_loss = np.full(workers, np.nan)
+        self.version = 0
+        self.evals: list[tuple[float, int, float, float]] = []
+        self.targets = AccuracyTargets(list(job.eval.targets))
+        self.every = job.eval.every_seconds
+        self.next_eval = self.every if self.every > 0 else np.inf
+        self.gradients = 0
+        self.rejected = 0
+        self.compute_seconds = 0.0
+
+    def limits(self) -> list[int | None]:
+        """Per worker, its iterations as the server counts them (``stop.iterations`` and ``stop.epochs``)."""
+        return [build.iteration_limit(self.job, s.batches_per_epoch) for s in self.streams]
+
+    def begin(self, t0: float) -> None:
+        """The run starts at virtual time `t0`: the first evaluation is due ``eval.every_seconds`` later."""
+        self.next_eval = t0 + self.every if self.every > 0 else np.inf
+
+    # -- the simulation's events ------------------------------------------------------------------
+
+    def released(self, worker: int, version: int) -> None:
+        self.versions.hold(version)
+        self.holding[worker] = version
+
+    def pushed(self, worker: int, t: float) -> bool:
+        self.evaluate_until(t)
+        used = self.holding[worker]
+        c0 = time.perf_counter()
+        self.model.space.data[...] = self.versions.of(used)
+        idx = self.streams[worker].next_indices()
+        self.last_loss[worker] = self.model.loss_and_grad(self.ds.x_train[idx], self.ds.y_train[idx], **self.blocks)
+        grad = self.free.pop() if self.free else np.empty_like(self.params)
+        np.copyto(grad, self.model.space.grad)
+        self.compute_seconds += time.perf_counter() - c0
+        self.gradients += 1
+        self.pending[worker] = (grad, used)
+        self.holding[worker] = None
+        return not all_finite(grad)
+
+    def apply(self, worker: int, version: int) -> None:
+        grad, used = self.pending.pop(worker)
+        step = self.rule.gradient(grad, self.params, self.versions.of(used), self.scratch) \
+            if self.rule.needs_pulled_weights else grad
+        lr = self.rule.lr(self.lr_at(version), version - used + 1)
+        self._done(grad, used)  # before the step: a version no one holds any more is not copied
+        self._step(step, lr)
+
+    def round(self, members: tuple[int, ...], version: int) -> None:
+        taken = [self.pending.pop(w) for w in members]
+        mean = round_mean([g for g, _ in taken], self.scratch) if taken else None
+        for grad, used in taken:
+            self._done(grad, used)
+        if mean is not None:
+            self._step(mean, self.lr_at(version))
+
+    def reject(self, worker: int) -> None:
+        self.rejected += 1
+        grad, used = self.pending.pop(worker)
+        self._done(grad, used)
+
+    # -- steps and evaluations --------------------------------------------------------------------
+
+    def _step(self, grad: np.ndarray, lr: float) -> None:
+        self.versions.changing(self.version + 1)
+        self.opt.step(self.params, grad, lr)
+        self.version += 1
+
+    def _done(self, grad: np.ndarray, used: int) -> None:
+        """`grad` is used up (its buffer is free for the next push's) and its version let go."""
+        self.free.append(grad)
+        self.versions.release(used)
+
+    def evaluate_until(self, t: float) -> None:
+        """Every evaluation due at a virtual time up to `t`, on the weights as they are (no push after
+        its time has been applied yet)."""
+        while self.next_eval <= t:
+            self._evaluate(self.next_eval)
+            self.next_eval += self.every
+
+    def _evaluate(self, t: float) -> tuple[float, float]:
+        self.model.space.data[...] = self.params
+        loss, acc = self.model.evaluate(self.ds.x_test, self.ds.y_test, batch_size=self.job.eval.batch_size)
+        self.evals.append((t, self.version, float(loss), float(acc)))
+        self.targets.observe(t, acc)
+        return float(loss), float(acc)
+
+    def finish(self, t_end: float) -> tuple[float, float]:
+        """The evaluations left up to the end, and the final one: ``(test loss, test accuracy)``."""
+        self.evaluate_until(t_end)
+        return self._evaluate(t_end)
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """The trained tensors by name, for ``model.h5`` (as the server writes them)."""
+        self.model.space.data[...] = self.params
+        return self.model.space.state_dict()
+
+    def statistics(self) -> dict:
+        heard = self.last_loss[np.isfinite(self.last_loss)]
+        return {"gradients": self.gradients, "compute_seconds": self.compute_seconds,
+                "peak_versions": self.versions.peak_copies, "model_bytes": int(self.params.nbytes),
+                "staleness_rule": self.rule.rule, "train_loss": float(heard.mean()) if heard.size else None}
+
+
+def _ignore(*_) -> None:
+    """A gradient block is ready: the emulation has nowhere to send it."""
