@@ -38,13 +38,12 @@ NOMINAL_BANDWIDTH = 1e9
 
 def add_parser(subparsers) -> None:
     """Register ``profile`` on the CLI's subparsers (``ebsp_mpi.cli``)."""
+    from . import add_job_arguments
+
     p = subparsers.add_parser("profile", help="time each layer's forward and backward and a step's memory for "
                                               "OSDP's planner; writes a profile (JSON)",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("job", nargs="?", metavar="JOB.toml", help="job file (default: the embedded default job)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a job key (repeatable)")
-    p.add_argument("--out", metavar="FILE", default=DEFAULT_OUT, help=f"profile file (default {DEFAULT_OUT})")
+    add_job_arguments(p, DEFAULT_OUT, "profile")
     add_profile_options(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.set_defaults(run=main)
@@ -70,8 +69,8 @@ def add_profile_options(p: argparse.ArgumentParser) -> None:
 
 
 def main(args) -> int:
-    from .config import load_job
-    from .plan.osdp_files import write_json
+    from ...config import load_job
+    from ..osdp_files import write_json
 
     job = load_job(args.job, args.overrides)
     doc = run_profile(job, args)
@@ -83,10 +82,10 @@ def main(args) -> int:
 
 def run_profile(job, args) -> dict:
     """Profile `job`'s model as the options in `args` say; the profile document."""
-    from . import build
-    from .backend import resolve_backend
-    from .errors import UsageError
-    from .plan.osdp_files import PROFILE_FORMAT, PROFILE_VERSION, check_batches_fit, model_identity, model_layers
+    from ... import build
+    from ...backend import resolve_backend
+    from ...errors import UsageError
+    from ..osdp_files import PROFILE_FORMAT, PROFILE_VERSION, check_batches_fit, model_identity, model_layers
 
     batch_sizes = parse_batch_sizes(args.batch_sizes) if args.batch_sizes else [job.data.batch_size]
     splits = parse_splits(args.splits)
@@ -106,7 +105,7 @@ def run_profile(job, args) -> dict:
         if entry["params"]:
             entry["slices_s"] = {str(n): {"forward_s": [], "backward_s": []} for n in splits if n <= entry["rows"]}
     loss_s, activations = [], []
-    from .progress import Progress
+    from ...progress import Progress
 
     progress = Progress(len(batch_sizes) * (args.warmup + args.reps + 1), unit="step",
                         enabled=not getattr(args, "quiet", False))
@@ -156,7 +155,7 @@ def _inputs(model, num_classes: int, b: int):
 def time_step(model, backend, x, y) -> tuple[list[tuple[float, float]], float]:
     """One training step, layer by layer as ``Model.loss_and_grad`` runs it: per layer ``(forward,
     backward)`` seconds (backward 0 below the first layer with parameters), and the loss's."""
-    from .nn.losses import softmax_cross_entropy
+    from ...nn.losses import softmax_cross_entropy
 
     clock, sync = time.perf_counter, backend.synchronize
     n = len(model.layers)
@@ -186,8 +185,8 @@ def update_time(job, params: int, reps: int, warmup: int) -> float:
     parameters), on NumPy as the servers run it, on a gradient of small random values."""
     import numpy as np
 
-    from . import build
-    from .bench.report import median_seconds
+    from ... import build
+    from ...bench.report import median_seconds
 
     n = -(-params // job.runtime.servers)
     rng = np.random.default_rng(0)
@@ -204,7 +203,7 @@ def slice_times(model, backend, layers: list[dict], x_host, y_host, reps: int, w
     slice) run in turn on the layer's input and output gradient of one step: run alone, a layer finds its
     operands in cache, which a step does not, so only their ratio carries over to the step's times.
     """
-    from .nn.losses import softmax_cross_entropy
+    from ...nn.losses import softmax_cross_entropy
 
     xp, clock, sync = backend.xp, time.perf_counter, backend.synchronize
     h, inputs = backend.asarray(x_host), []
@@ -253,7 +252,7 @@ def slice_times(model, backend, layers: list[dict], x_host, y_host, reps: int, w
 def _slice_units(model, layer, entry: dict, n: int) -> list:
     """The `n` slices of `layer`: ``((W rows, b part, first row), (their values))``, forward order; b
     goes per row (Conv2D) or whole with the last slice (Dense)."""
-    from .plan.osdp import split_rows
+    from ..osdp import split_rows
 
     W, b = (model.space.param(t) for t in layer.tensor_names)
     units, row = [], 0
@@ -289,7 +288,7 @@ def activation_bytes(model, backend, x_host, y_host) -> int:
 
 
 def parse_batch_sizes(text: str) -> list[int]:
-    from .errors import UsageError
+    from ...errors import UsageError
 
     try:
         sizes = [int(part) for part in text.split(",") if part.strip()]
@@ -302,7 +301,7 @@ def parse_batch_sizes(text: str) -> list[int]:
 
 def parse_splits(text: str) -> tuple[int, ...]:
     """``--splits``: slice counts, each >= 2 (empty: none)."""
-    from .errors import UsageError
+    from ...errors import UsageError
 
     try:
         splits = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
@@ -315,9 +314,9 @@ def parse_splits(text: str) -> tuple[int, ...]:
 
 def network_options(args) -> dict:
     """Latency and bandwidth from ``--bench FILE`` or ``--latency``/``--bandwidth`` (nominal without)."""
-    from .errors import UsageError
-    from .plan.osdp_files import network_from_bench
-    from .plan.sizes import parse_size
+    from ...errors import UsageError
+    from ..osdp_files import network_from_bench
+    from ..sizes import parse_size
 
     if args.bench and (args.latency or args.bandwidth):
         raise UsageError("--bench FILE gives latency and bandwidth: give it or --latency/--bandwidth, not both")
@@ -337,7 +336,7 @@ def network_options(args) -> dict:
 
 
 def _seconds(text: str, what: str) -> float:
-    from .errors import UsageError
+    from ...errors import UsageError
 
     try:
         value = float(text)
@@ -350,7 +349,7 @@ def _seconds(text: str, what: str) -> float:
 
 def print_profile(doc: dict, out=None) -> None:
     """Per layer and batch size: forward and backward milliseconds; then activations and network."""
-    from .plan.sizes import format_size
+    from ..sizes import format_size
 
     out = out or sys.stdout
     sizes = doc["batch_sizes"]
