@@ -115,24 +115,8 @@ def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, it
     parts = [source.parts(w, result.start[w], result.push[w]) for w in range(workers)]
     iterations_rows = [_iteration_rows(result, w, parts[w], ends[w]) for w in range(workers)]
     if job.trace.enabled:
-        attrs = _attrs(job, run_dir, workers, source)
-        _write_rank(run_dir, 0, {**attrs, "role": "server"}, {
-            "pushes": _push_rows(result), "pulls": _pull_rows(result), **policy_tables})
-        if workers <= WORKER_FILES_MAX:
-            for w in range(workers):
-                _write_rank(run_dir, w + 1, {**attrs, "role": "worker"}, {"iterations": iterations_rows[w]})
-        else:
-            _write_workers(run_dir, attrs, iterations_rows)
-
-    summary = build_summary(
-        job, sync=policy.name, world_size=workers + 1, backend="simulated",
-        wall_seconds=float(np.nanmax(result.end)) if workers else 0.0,
-        iterations=[len(p) for p in result.push],
-        wait_seconds=[float(rows["wait_s"].sum()) for rows in iterations_rows],
-        compute_seconds=[float(p.compute[:-1].sum()) for p in parts],
-        injected_delay_seconds=[float(p.delay[:-1].sum()) for p in parts],
-        barriers=result.barriers, rejected_pushes=0, versions=result.versions, train_loss=None, test_loss=None,
-        test_accuracy=None, targets=AccuracyTargets([]), evals=[], mpi_library=None)
+        _write_traces(job, run_dir, workers, source, result, policy_tables, iterations_rows)
+    summary = _summary(job, policy.name, workers, result, parts, iterations_rows)
     summary["simulation"] = {
         "source": source.source, "replay": None if replay is None else str(replay),
         "iterations_limit": limit, "seconds_limit": None if until == math.inf else until,
@@ -142,6 +126,32 @@ def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, it
     }
     write_summary(run_dir, summary)
     return summary
+
+
+def _write_traces(job: JobConfig, run_dir: Path, workers: int, source, result: SimResult,
+                  policy_tables: dict[str, np.ndarray], iterations_rows: list) -> None:
+    """The server's trace and the workers' (one file each, or shared files past WORKER_FILES_MAX)."""
+    attrs = _attrs(job, run_dir, workers, source)
+    _write_rank(run_dir, 0, {**attrs, "role": "server"}, {
+        "pushes": _push_rows(result), "pulls": _pull_rows(result), **policy_tables})
+    if workers <= WORKER_FILES_MAX:
+        for w in range(workers):
+            _write_rank(run_dir, w + 1, {**attrs, "role": "worker"}, {"iterations": iterations_rows[w]})
+    else:
+        _write_workers(run_dir, attrs, iterations_rows)
+
+
+def _summary(job: JobConfig, sync: str, workers: int, result: SimResult, parts: list, iterations_rows: list) -> dict:
+    """The keys every run's summary has, as a simulation fills them (no loss, no accuracy, no MPI)."""
+    return build_summary(
+        job, sync=sync, world_size=workers + 1, backend="simulated",
+        wall_seconds=float(np.nanmax(result.end)) if workers else 0.0,
+        iterations=[len(p) for p in result.push],
+        wait_seconds=[float(rows["wait_s"].sum()) for rows in iterations_rows],
+        compute_seconds=[float(p.compute[:-1].sum()) for p in parts],
+        injected_delay_seconds=[float(p.delay[:-1].sum()) for p in parts],
+        barriers=result.barriers, rejected_pushes=0, versions=result.versions, train_loss=None, test_loss=None,
+        test_accuracy=None, targets=AccuracyTargets([]), evals=[], mpi_library=None)
 
 
 def _statistics(result: SimResult, policy_tables: dict[str, np.ndarray]) -> dict:
