@@ -26,9 +26,11 @@ used and the file says so. The profile is JSON (:mod:`ebsp_mpi.plan.osdp_files`)
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 DEFAULT_OUT = "osdp-profile.json"
 #: Used when neither --bench nor --latency/--bandwidth is given (and recorded as such).
@@ -85,6 +87,7 @@ def run_profile(job, args) -> dict:
     from ... import build
     from ...backend import resolve_backend
     from ...errors import UsageError
+    from ...progress import Progress
     from ..osdp_files import PROFILE_FORMAT, PROFILE_VERSION, check_batches_fit, model_identity, model_layers
 
     batch_sizes = parse_batch_sizes(args.batch_sizes) if args.batch_sizes else [job.data.batch_size]
@@ -104,37 +107,16 @@ def run_profile(job, args) -> dict:
         entry["forward_s"], entry["backward_s"] = [], []
         if entry["params"]:
             entry["slices_s"] = {str(n): {"forward_s": [], "backward_s": []} for n in splits if n <= entry["rows"]}
-    loss_s, activations = [], []
-    from ...progress import Progress
-
     progress = Progress(len(batch_sizes) * (args.warmup + args.reps + 1), unit="step",
                         enabled=not getattr(args, "quiet", False))
-    done = 0
+    steps = itertools.count(1)
+    loss_s, activations = [], []
     for b in batch_sizes:
-        x, y = _inputs(model, ds.num_classes, b)
-        times = [[] for _ in layers]
-        losses = []
-        for rep in range(args.warmup + args.reps):
-            step = time_step(model, backend, backend.asarray(x), backend.asarray(y))
-            if rep >= args.warmup:
-                for t, (f, bw) in zip(times, step[0], strict=True):
-                    t.append((f, bw))
-                losses.append(step[1])
-            done += 1
-            progress.update(done, batch=b)
-        for entry, t in zip(layers, times, strict=True):
-            entry["forward_s"].append(statistics.median(f for f, _ in t))
-            entry["backward_s"].append(statistics.median(bw for _, bw in t))
-        loss_s.append(statistics.median(losses))
-        for entry, per_count in zip(layers, slice_times(model, backend, layers, x, y, args.reps, args.warmup),
-                                    strict=True):
-            for n, (f, bw) in per_count.items():  # the step's time of the layer, scaled
-                entry["slices_s"][str(n)]["forward_s"].append(f * entry["forward_s"][-1])
-                entry["slices_s"][str(n)]["backward_s"].append(bw * entry["backward_s"][-1])
-        activations.append(activation_bytes(model, backend, x, y))
-        done += 1
-        progress.update(done, batch=b)
-    progress.close(done)
+        loss, activation = _profile_batch(model, backend, ds.num_classes, layers, b, args,
+                                          lambda b=b: progress.update(next(steps), batch=b))
+        loss_s.append(loss)
+        activations.append(activation)
+    progress.close(progress.total)  # every batch size took warmup + reps + 1 steps
     update = update_time(job, model.space.size, args.reps, args.warmup)
     return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, "model": model_identity(model),
             "backend": backend.name, "device": backend.describe(), "dtype": str(model.space.dtype),
@@ -142,6 +124,33 @@ def run_profile(job, args) -> dict:
             "splits": list(splits),
             "layers": layers, "loss_s": loss_s, "activation_bytes": activations, "update_s": update,
             "network": network, "overhead_s": overhead}
+
+
+def _profile_batch(model, backend, num_classes: int, layers: list[dict], b: int, args,
+                   step_done: Callable[[], None]) -> tuple[float, int]:
+    """Batch size `b`: each layer's median step times and its slices' appended to `layers`; the loss's
+    median seconds and the step's activation bytes returned. `step_done` is called after each step."""
+    x, y = _inputs(model, num_classes, b)
+    times = [[] for _ in layers]
+    losses = []
+    for rep in range(args.warmup + args.reps):
+        step = time_step(model, backend, backend.asarray(x), backend.asarray(y))
+        if rep >= args.warmup:
+            for t, (f, bw) in zip(times, step[0], strict=True):
+                t.append((f, bw))
+            losses.append(step[1])
+        step_done()
+    for entry, t in zip(layers, times, strict=True):
+        entry["forward_s"].append(statistics.median(f for f, _ in t))
+        entry["backward_s"].append(statistics.median(bw for _, bw in t))
+    for entry, per_count in zip(layers, slice_times(model, backend, layers, x, y, args.reps, args.warmup),
+                                strict=True):
+        for n, (f, bw) in per_count.items():  # the step's time of the layer, scaled
+            entry["slices_s"][str(n)]["forward_s"].append(f * entry["forward_s"][-1])
+            entry["slices_s"][str(n)]["backward_s"].append(bw * entry["backward_s"][-1])
+    activation = activation_bytes(model, backend, x, y)
+    step_done()
+    return statistics.median(losses), activation
 
 
 def _inputs(model, num_classes: int, b: int):
