@@ -5,8 +5,8 @@
 - ``sweep``: run every member of a sweep file with mpiexec, then compare them (:mod:`ebsp_mpi.sweep`);
 - ``bench``: run a benchmark (:mod:`ebsp_mpi.bench.cli`);
 - ``simulate``: the job's sync model with N virtual workers, no MPI (:mod:`ebsp_mpi.sim`);
-- ``profile``, ``plan``: OSDP's per-layer profile and its plan under a memory limit (:mod:`ebsp_mpi.profile`,
-  :mod:`ebsp_mpi.plan_command`);
+- ``profile``, ``plan``: OSDP's per-layer profile and its plan under a memory limit
+  (:mod:`ebsp_mpi.plan.commands`);
 - ``report``, ``compare``, ``timeline``: the analysis of finished runs and sweeps: tables and figures,
   time to accuracy against BSP, Perfetto JSON (:mod:`ebsp_mpi.analysis.cli`).
 
@@ -80,10 +80,9 @@ def _parser() -> argparse.ArgumentParser:
     from .sim import cli as simulate  # standard library only until a simulation runs
 
     simulate.add_parser(sub)
-    from . import plan_command, profile  # standard library only until they run
+    from .plan import commands as osdp  # standard library only until they run
 
-    profile.add_parser(sub)
-    plan_command.add_parser(sub)
+    osdp.add_parsers(sub)
     from .analysis import cli as analysis  # standard library only until an analysis command runs
 
     analysis.add_parsers(sub)

@@ -148,17 +148,14 @@ def build_summary(job, *, sync: str, world_size: int, backend: str, wall_seconds
 
     A float that is not finite (a diverged loss) is written as null, so the file is strict JSON.
     """
-    summary = {
+    return {
         "name": job.name,
         "sync": sync,
         "workers": len(iterations),
         "world_size": world_size,
         "backend": backend,
         "wall_seconds": wall_seconds,
-        "iterations": [int(i) for i in iterations],
-        "wait_seconds": list(wait_seconds),
-        "compute_seconds": None if compute_seconds is None else list(compute_seconds),
-        "injected_delay_seconds": None if injected_delay_seconds is None else list(injected_delay_seconds),
+        **_per_worker(iterations, wait_seconds, compute_seconds, injected_delay_seconds),
         "barriers": int(barriers),
         "rejected_pushes": int(rejected_pushes),
         "versions": int(versions),
@@ -167,8 +164,7 @@ def build_summary(job, *, sync: str, world_size: int, backend: str, wall_seconds
         "test_accuracy": _finite_or_none(test_accuracy),
         "samples_per_second": sum(iterations) * job.data.batch_size / wall_seconds if wall_seconds > 0 else 0.0,
         "time_to_accuracy": targets.as_dict(),
-        "evals": [{"t": t, "version": int(v), "test_loss": _finite_or_none(loss), "test_acc": _finite_or_none(acc)}
-                  for t, v, loss, acc in evals],
+        "evals": _eval_rows(evals),
         "hybrid": hybrid,
         "bytes": byte_counts,
         "osdp": osdp,
@@ -176,7 +172,19 @@ def build_summary(job, *, sync: str, world_size: int, backend: str, wall_seconds
         "mpi_library": mpi_library,
         "config": to_dict(job),
     }
-    return summary
+
+
+def _per_worker(iterations, wait_seconds, compute_seconds, injected_delay_seconds) -> dict:
+    """The summary's lists of one entry per worker, in :data:`SUMMARY_KEYS`' order (None: no such figure)."""
+    return {"iterations": [int(i) for i in iterations],
+            "wait_seconds": list(wait_seconds),
+            "compute_seconds": None if compute_seconds is None else list(compute_seconds),
+            "injected_delay_seconds": None if injected_delay_seconds is None else list(injected_delay_seconds)}
+
+
+def _eval_rows(evals: list[tuple[float, int, float, float]]) -> list[dict]:
+    return [{"t": t, "version": int(v), "test_loss": _finite_or_none(loss), "test_acc": _finite_or_none(acc)}
+            for t, v, loss, acc in evals]
 
 
 def describe_run(summary: dict, run_dir) -> str:

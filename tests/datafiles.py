@@ -1,7 +1,18 @@
-"""Small data files the tests write: an HDF5 dataset file as ``data.name = "hdf5"`` reads it."""
+"""Small data files the tests write: an HDF5 dataset file as ``data.name = "hdf5"`` reads it; and the
+message of a dataset that fails to load."""
 
 import h5py
 import numpy as np
+import pytest
+
+from ebsp_mpi.data import DatasetError, load_dataset
+
+
+def load_error(name: str, **kwargs) -> str:
+    """The message of the DatasetError that loading dataset `name` with `kwargs` raises."""
+    with pytest.raises(DatasetError) as err:
+        load_dataset(name, **kwargs)
+    return str(err.value)
 
 
 def write_h5(path, attrs=None, **datasets) -> str:

@@ -55,7 +55,18 @@ def make_run(path, sync="bsp", seed=0, speed=2.0, rounds=20, summary=True):
     Returns what the tables must show: per worker iterations and total wait.
     """
     cfg = _config(sync, seed)
-    world = WORKERS + 1
+    iterations, pushes, pulls = _iteration_rows(sync, rounds)
+    evals = [(0.1 * k, k, 0.5, _accuracy(0.1 * k, speed), 0.001) for k in range(1, 8)]
+    barriers, members = _barrier_rows(rounds) if sync == "elasticbsp" else ([], [])
+    server = {"pushes": pushes, "pulls": pulls, "evals": evals, "barriers": barriers, "barrier_members": members}
+    _write_traces(path, cfg, server, iterations)
+    if summary:
+        _write_summary(path, sync, cfg, rounds, iterations, evals, barriers)
+    return iterations
+
+
+def _iteration_rows(sync: str, rounds: int):
+    """Per worker its ``iterations`` rows, and the server's ``pushes`` and ``pulls``."""
     iterations = {w: [] for w in range(WORKERS)}
     pushes, pulls = [], []
     version = 0
@@ -78,42 +89,46 @@ def make_run(path, sync="bsp", seed=0, speed=2.0, rounds=20, summary=True):
                 pulls.append((w, t_push + 0.00005, t_end, version + 1))
                 t_free[w] = t_end
         version += 1
-    evals = [(0.1 * k, k, 0.5, _accuracy(0.1 * k, speed), 0.001) for k in range(1, 8)]
-    barriers, members = [], []
-    if sync == "elasticbsp":
-        for b, rnd in enumerate(range(4, rounds, 5)):
-            t_rel = rnd * (3 * BASE + 0.002) + 3 * BASE + 0.002
-            arrivals = [t_rel - 0.002 - (0 if w == SLOW else 2 * BASE) for w in range(WORKERS)]
-            barriers.append((b, t_rel - 0.05, t_rel, t_rel - 0.001, 0.015, max(arrivals) - min(arrivals)))
-            members += [(b, w, 1, t_rel - 0.001, arrivals[w]) for w in range(WORKERS)]
+    return iterations, pushes, pulls
 
+
+def _barrier_rows(rounds: int):
+    """ElasticBSP's ``barriers`` and ``barrier_members``: a barrier every 5th round."""
+    barriers, members = [], []
+    for b, rnd in enumerate(range(4, rounds, 5)):
+        t_rel = rnd * (3 * BASE + 0.002) + 3 * BASE + 0.002
+        arrivals = [t_rel - 0.002 - (0 if w == SLOW else 2 * BASE) for w in range(WORKERS)]
+        barriers.append((b, t_rel - 0.05, t_rel, t_rel - 0.001, 0.015, max(arrivals) - min(arrivals)))
+        members += [(b, w, 1, t_rel - 0.001, arrivals[w]) for w in range(WORKERS)]
+    return barriers, members
+
+
+def _write_traces(path, cfg: dict, server: dict, iterations: dict) -> None:
+    world = WORKERS + 1
     for rank in range(world):
         attrs = {"run_id": path.name, "rank": rank, "role": "server" if rank == 0 else "worker",
                  "world_size": world, "host": "test", "backend": "numpy", "device": "cpu",
                  "mpi_library": "none", "package_version": "0", "config": cfg, "clock_offset_s": 0.0}
         with TraceWriter(trace_path(path, rank), attrs) as tw:
-            if rank == 0:
-                for name, rows in (("pushes", pushes), ("pulls", pulls), ("evals", evals),
-                                   ("barriers", barriers), ("barrier_members", members)):
-                    for row in rows:
-                        tw.append(name, row)
-            else:
-                for row in iterations[rank - 1]:
-                    tw.append("iterations", row)
+            tables = server.items() if rank == 0 else [("iterations", iterations[rank - 1])]
+            for name, rows in tables:
+                for row in rows:
+                    tw.append(name, row)
+
+
+def _write_summary(path, sync: str, cfg: dict, rounds: int, iterations: dict, evals: list, barriers: list) -> None:
     wall = max(r[4] for rows in iterations.values() for r in rows)
-    if summary:
-        tta = {}
-        for target in TARGETS:
-            hit = [t for t, _, _, acc, _ in evals if acc >= target]
-            tta[repr(target)] = hit[0] if hit else None
-        doc = {"name": "fake", "sync": sync, "workers": WORKERS, "wall_seconds": wall,
-               "iterations": [len(iterations[w]) for w in range(WORKERS)],
-               "wait_seconds": [sum(r[5] for r in iterations[w]) for w in range(WORKERS)],
-               "barriers": len(barriers) if sync == "elasticbsp" else (rounds if sync == "bsp" else 0),
-               "rejected_pushes": 0, "test_loss": 0.5, "test_accuracy": evals[-1][3],
-               "samples_per_second": 1000.0, "time_to_accuracy": tta, "config": cfg}
-        (path / "summary.json").write_text(json.dumps(doc))
-    return iterations
+    tta = {}
+    for target in TARGETS:
+        hit = [t for t, _, _, acc, _ in evals if acc >= target]
+        tta[repr(target)] = hit[0] if hit else None
+    doc = {"name": "fake", "sync": sync, "workers": WORKERS, "wall_seconds": wall,
+           "iterations": [len(iterations[w]) for w in range(WORKERS)],
+           "wait_seconds": [sum(r[5] for r in iterations[w]) for w in range(WORKERS)],
+           "barriers": len(barriers) if sync == "elasticbsp" else (rounds if sync == "bsp" else 0),
+           "rejected_pushes": 0, "test_loss": 0.5, "test_accuracy": evals[-1][3],
+           "samples_per_second": 1000.0, "time_to_accuracy": tta, "config": cfg}
+    (path / "summary.json").write_text(json.dumps(doc))
 
 
 # -- frames --------------------------------------------------------------------------------------

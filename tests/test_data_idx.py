@@ -7,6 +7,7 @@ import struct
 import numpy
 import pytest
 
+from datafiles import load_error
 from ebsp_mpi.data import DatasetError, load_dataset
 from ebsp_mpi.data.idx import read_idx
 
@@ -91,9 +92,7 @@ def test_mixed_raw_and_gz(tmp_path):
 def test_missing_file_names_path_and_expected_files(tmp_path):
     make_mnist(tmp_path)
     os.remove(tmp_path / "t10k-images-idx3-ubyte")
-    with pytest.raises(DatasetError) as err:
-        load_dataset("mnist", root=str(tmp_path))
-    message = str(err.value)
+    message = load_error("mnist", root=str(tmp_path))
     assert os.path.join(str(tmp_path), "t10k-images-idx3-ubyte") in message
     for name in FILES:
         assert name in message

@@ -48,7 +48,8 @@ SIZES = "1e4,1e5,1e6,1e7"
 #: the synthetic model: FEATURES inputs, one hidden layer, CLASSES outputs, so
 #: P = hidden * (FEATURES + 1 + CLASSES) + CLASSES parameters
 FEATURES, CLASSES = 89, 10
-RAW_TAG0 = 1000
+#: the raw exchange's header tags; its chunks use the chunks' own tags, as the runtime does
+RAW_PUSH_TAG, RAW_PULL_TAG = 1000, 1001
 TARGET = (">=", 0.7)
 TARGET_MIN_BYTES = 1 << 20
 
@@ -129,47 +130,61 @@ def raw_round_trips(comm, size: int, chunks: list, iterations: int, work: Server
     it reads the same 4 KiB over and over from cache: at 1e7 parameters that made the raw round trip
     5.7 instead of 8.3 ms.
     """
+    owner = owner or [0] * len(chunks)
+    if comm.Get_rank() < servers:
+        _raw_server(comm, size, chunks, iterations, work, servers, owner)
+        return []
+    return _raw_worker(comm, size, chunks, iterations, servers, owner)
+
+
+def _raw_server(comm, size: int, chunks: list, iterations: int, work: ServerWork | None, servers: int,
+                owner: list[int]) -> None:
+    """A server's side of :func:`raw_round_trips`: its chunks of every worker's push in, the reply out."""
     from mpi4py import MPI
 
     from ..runtime.protocol import PULL_FIELDS, PUSH_FIELDS, header
 
     rank, n = comm.Get_rank(), comm.Get_size() - servers
-    owner = owner or [0] * len(chunks)
-    push_tag, pull_tag = RAW_TAG0, RAW_TAG0 + 1
-    if rank < servers:
-        mine = [c for k, c in enumerate(chunks) if owner[k] == rank]
-        grads = [_filled(size) for _ in range(n)]
-        heads = [header(PUSH_FIELDS) for _ in range(n)]
-        params, reply = _filled(size), header(PULL_FIELDS)
+    mine = [c for k, c in enumerate(chunks) if owner[k] == rank]
+    grads = [_filled(size) for _ in range(n)]
+    heads = [header(PUSH_FIELDS) for _ in range(n)]
+    params, reply = _filled(size), header(PULL_FIELDS)
 
-        def post():
-            reqs = []
-            for w in range(n):
-                reqs += [comm.Irecv([grads[w][c.start:c.stop], MPI.FLOAT], servers + w, c.tag) for c in mine]
-                reqs.append(comm.Irecv([heads[w], MPI.DOUBLE], servers + w, push_tag))
-            return reqs
+    def post():
+        reqs = []
+        for w in range(n):
+            reqs += [comm.Irecv([grads[w][c.start:c.stop], MPI.FLOAT], servers + w, c.tag) for c in mine]
+            reqs.append(comm.Irecv([heads[w], MPI.DOUBLE], servers + w, RAW_PUSH_TAG))
+        return reqs
 
-        recvs = post()
-        for i in range(iterations):
-            MPI.Request.Waitall(recvs)
-            recvs = post() if i + 1 < iterations else []
-            sends = [comm.Isend([reply, MPI.DOUBLE], servers + w, pull_tag) for w in range(n)] if rank == 0 else []
-            apply = work is not None and work.check(grads)
-            for c in mine:
-                if apply:
-                    work.step(grads, params, c)
-                sends += [comm.Isend([params[c.start:c.stop], MPI.FLOAT], servers + w, c.tag) for w in range(n)]
-            MPI.Request.Waitall(sends)
-        return []
+    recvs = post()
+    for i in range(iterations):
+        MPI.Request.Waitall(recvs)
+        recvs = post() if i + 1 < iterations else []
+        sends = [comm.Isend([reply, MPI.DOUBLE], servers + w, RAW_PULL_TAG) for w in range(n)] if rank == 0 else []
+        apply = work is not None and work.check(grads)
+        for c in mine:
+            if apply:
+                work.step(grads, params, c)
+            sends += [comm.Isend([params[c.start:c.stop], MPI.FLOAT], servers + w, c.tag) for w in range(n)]
+        MPI.Request.Waitall(sends)
+
+
+def _raw_worker(comm, size: int, chunks: list, iterations: int, servers: int, owner: list[int]) -> list[float]:
+    """A worker's side of :func:`raw_round_trips`: each iteration's seconds, push sent to reply received."""
+    from mpi4py import MPI
+
+    from ..runtime.protocol import PULL_FIELDS, PUSH_FIELDS, header
+
     grad, params = _filled(size), _filled(size)
     head, reply = header(PUSH_FIELDS), header(PULL_FIELDS)
     times = []
     for _ in range(iterations):
         t = time.perf_counter()
-        reqs = [comm.Irecv([reply, MPI.DOUBLE], 0, pull_tag)]
+        reqs = [comm.Irecv([reply, MPI.DOUBLE], 0, RAW_PULL_TAG)]
         reqs += [comm.Irecv([params[c.start:c.stop], MPI.FLOAT], owner[k], c.tag) for k, c in enumerate(chunks)]
         reqs += [comm.Isend([grad[c.start:c.stop], MPI.FLOAT], owner[k], c.tag) for k, c in enumerate(chunks)]
-        reqs += [comm.Isend([head, MPI.DOUBLE], s, push_tag) for s in range(servers)]
+        reqs += [comm.Isend([head, MPI.DOUBLE], s, RAW_PUSH_TAG) for s in range(servers)]
         MPI.Request.Waitall(reqs)
         times.append(time.perf_counter() - t)
     return times
@@ -409,6 +424,25 @@ def _compiled_axpy():
 
 
 def main(argv=None, records: list | None = None) -> int:
+    args = _parser().parse_args(argv)
+    require_ranks("ps", 2)
+    sizes = parse_sizes(args.sizes)
+    comm = world()
+    n = comm.Get_size() - 1
+    counts = _counts("--workers", args.workers, n, list(range(1, n + 1)))
+    server_counts = _counts("--servers", args.servers, n, [])
+    logging.getLogger("ebsp_mpi.runtime").setLevel(logging.WARNING)
+    if server_counts:
+        return _main_sharded(comm, sizes, server_counts, counts, args, records)
+    found = _one_server_cases(comm, sizes, counts, args)
+    if comm.Get_rank() == 0:
+        _print_one_server(found, args)
+        if records is not None:
+            records += found["trips"] + found["ceilings"] + found["updates"]
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m ebsp_mpi bench ps", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default=SIZES, help=f"parameter counts (float32), comma-separated "
                                                        f"(default {SIZES})")
@@ -424,65 +458,54 @@ def main(argv=None, records: list | None = None) -> int:
     parser.add_argument("--servers", default="", metavar="K,...",
                         help="also the round trip with k server ranks (runtime.servers) and 1 .. N-k workers, "
                              "against raw MPI moving the same messages, for each k, e.g. --servers 1,2,4")
-    args = parser.parse_args(argv)
-    require_ranks("ps", 2)
-    sizes = parse_sizes(args.sizes)
-    comm = world()
-    n = comm.Get_size() - 1
-    counts = _counts("--workers", args.workers, n, list(range(1, n + 1)))
-    server_counts = _counts("--servers", args.servers, n, [])
-    logging.getLogger("ebsp_mpi.runtime").setLevel(logging.WARNING)
-    if server_counts:
-        return _main_sharded(comm, sizes, server_counts, counts, args, records)
+    return parser
 
-    trips: list[dict] = []
-    ceilings: list[dict] = []
-    targets: dict = {}
-    parts: dict = {}
-    cores: dict = {}
-    updates: list[dict] = []
+
+def _one_server_cases(comm, sizes: list[int], counts: list[int], args) -> dict:
+    """Every round trip case through one server, and (on rank 0) the server's update per size."""
+    found = {"trips": [], "ceilings": [], "targets": {}, "parts": {}, "cores": {}, "updates": []}
     with abort_on_failure():
         for size in sizes:
             for k in counts:
-                found, ceiling, aims, split, core = round_trip_case(comm, size, k, args)
-                trips += found
-                ceilings += ceiling
-                targets.update(aims)
-                parts.update(split)
-                cores.update(core)
+                trips, ceiling, aims, split, core = round_trip_case(comm, size, k, args)
+                found["trips"] += trips
+                found["ceilings"] += ceiling
+                found["targets"].update(aims)
+                found["parts"].update(split)
+                found["cores"].update(core)
         if comm.Get_rank() == 0:
             for size in sizes:
-                updates += update_case(size, args.reps)
+                found["updates"] += update_case(size, args.reps)
         idle_barrier(comm)
-    if comm.Get_rank() == 0:
-        print_table(f"push + pull round trip through the server ({args.sync}, traces "
-                    f"{'off' if args.no_trace else 'on'}), bytes moved per second; median of "
-                    f"{args.iterations} iterations per worker after {args.warmup}", trips, targets)
-        print_table("the same work without the runtime: raw MPI (blocking waits), with rank 0 checking every "
-                    "gradient, then updating and sending the reply chunk by chunk as the server does", ceilings)
-        print("the runtime against it (ratio): " + ", ".join(
-            f"{_short(r['case'])} {r['figure'] / c['figure']:.2f}" for r, c in zip(trips, ceilings, strict=True)))
-        print()
-        if parts:
-            print("where worker 0's round trip goes (medians, from the traces): push = until the server "
-                  "holds it; server + pull = NaN/Inf check, update, reply")
-            for case, split in parts.items():
-                print(f"  {case}: " + ", ".join(f"{name} {human(split[name], 's')}"
-                                                 for name in ("push", "server + pull", "other")))
-            print()
-        if cores:
-            print("what the server's core does per round (medians): receive + check = MPI's copy of the "
-                  "push's chunks (the receiver copies) and their NaN/Inf check; step + reply sends = the "
-                  "chunked update, each chunk sent when updated")
-            for case, core in cores.items():
-                print(f"  {case}: " + ", ".join(f"{name} {human(value, 's')}" for name, value in core.items()))
-            print()
-        print_table(f"the server's update per push (momentum SGD), bytes of gradient per second; median of "
-                    f"{args.reps}", updates, {r["case"]: TARGET for r in updates if r["reference"] == "numpy axpy"})
-        if records is not None:
-            records += trips + ceilings + updates
-    return 0
+    return found
 
+
+def _print_one_server(found: dict, args) -> None:
+    trips, ceilings, updates = found["trips"], found["ceilings"], found["updates"]
+    print_table(f"push + pull round trip through the server ({args.sync}, traces "
+                f"{'off' if args.no_trace else 'on'}), bytes moved per second; median of "
+                f"{args.iterations} iterations per worker after {args.warmup}", trips, found["targets"])
+    print_table("the same work without the runtime: raw MPI (blocking waits), with rank 0 checking every "
+                "gradient, then updating and sending the reply chunk by chunk as the server does", ceilings)
+    print("the runtime against it (ratio): " + ", ".join(
+        f"{_short(r['case'])} {r['figure'] / c['figure']:.2f}" for r, c in zip(trips, ceilings, strict=True)))
+    print()
+    if found["parts"]:
+        print("where worker 0's round trip goes (medians, from the traces): push = until the server "
+              "holds it; server + pull = NaN/Inf check, update, reply")
+        for case, split in found["parts"].items():
+            print(f"  {case}: " + ", ".join(f"{name} {human(split[name], 's')}"
+                                             for name in ("push", "server + pull", "other")))
+        print()
+    if found["cores"]:
+        print("what the server's core does per round (medians): receive + check = MPI's copy of the "
+              "push's chunks (the receiver copies) and their NaN/Inf check; step + reply sends = the "
+              "chunked update, each chunk sent when updated")
+        for case, core in found["cores"].items():
+            print(f"  {case}: " + ", ".join(f"{name} {human(value, 's')}" for name, value in core.items()))
+        print()
+    print_table(f"the server's update per push (momentum SGD), bytes of gradient per second; median of "
+                f"{args.reps}", updates, {r["case"]: TARGET for r in updates if r["reference"] == "numpy axpy"})
 
 
 def _main_sharded(comm, sizes: list[int], server_counts: list[int], workers: list[int], args,

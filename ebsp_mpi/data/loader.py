@@ -56,6 +56,22 @@ def load_dataset(name: str, *, root: str = "", path: str = "", test_fraction: fl
     -------
     Dataset
     """
+    _check_arguments(name, seed, max_train)
+    source = data_source(name, path)
+    x_train, y_train, x_test, y_test, num_classes, input_shape = read_splits(
+        name, root=root, path=path, test_fraction=test_fraction, seed=seed,
+        synthetic=(synthetic_samples, synthetic_features, synthetic_classes, synthetic_hidden))
+    classes_from = classes_origin(name, source, int(num_classes), y_train, y_test)
+    x_train, y_train, x_test, y_test = _kept_arrays(x_train, y_train, x_test, y_test, max_train)
+    mean = std = None
+    if normalize:
+        mean, std = standardize(x_train, x_test, source)
+    return Dataset(name=name, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test,
+                   num_classes=int(num_classes), input_shape=tuple(input_shape), mean=mean, std=std,
+                   classes_from=classes_from)
+
+
+def _check_arguments(name: str, seed, max_train) -> None:
     if name not in DATASETS:
         raise DatasetError(f"unknown dataset {name!r}; expected one of {', '.join(DATASETS)}")
     if isinstance(seed, bool) or not isinstance(seed, (int, numpy.integer)) or seed < 0:
@@ -63,25 +79,18 @@ def load_dataset(name: str, *, root: str = "", path: str = "", test_fraction: fl
     if isinstance(max_train, bool) or not isinstance(max_train, (int, numpy.integer)) or max_train < 0:
         raise DatasetError(f"data.max_train = {max_train!r}; expected an integer >= 0 (0 keeps every sample)")
 
-    source = data_source(name, path)
-    x_train, y_train, x_test, y_test, num_classes, input_shape = read_splits(
-        name, root=root, path=path, test_fraction=test_fraction, seed=seed,
-        synthetic=(synthetic_samples, synthetic_features, synthetic_classes, synthetic_hidden))
-    classes_from = classes_origin(name, source, int(num_classes), y_train, y_test)
+
+def _kept_arrays(x_train, y_train, x_test, y_test, max_train: int):
+    """The first `max_train` training samples (all for 0), inputs as contiguous float32, labels as int64."""
     if max_train:
         # A copy, so the full training array can be freed and the in-place
-        # standardisation below touches only what is kept.
+        # standardisation after this touches only what is kept.
         x_train, y_train = x_train[:max_train].copy(), y_train[:max_train].copy()
     # The readers already return fresh float32 arrays; this only guarantees it.
     x_train = numpy.ascontiguousarray(x_train, dtype=numpy.float32)
     x_test = numpy.ascontiguousarray(x_test, dtype=numpy.float32)
-    mean = std = None
-    if normalize:
-        mean, std = standardize(x_train, x_test, source)
-    return Dataset(name=name, x_train=x_train, y_train=numpy.ascontiguousarray(y_train, dtype=numpy.int64),
-                   x_test=x_test, y_test=numpy.ascontiguousarray(y_test, dtype=numpy.int64),
-                   num_classes=int(num_classes), input_shape=tuple(input_shape), mean=mean, std=std,
-                   classes_from=classes_from)
+    return (x_train, numpy.ascontiguousarray(y_train, dtype=numpy.int64),
+            x_test, numpy.ascontiguousarray(y_test, dtype=numpy.int64))
 
 
 def data_source(name: str, path: str) -> str:

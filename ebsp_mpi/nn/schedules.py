@@ -44,14 +44,7 @@ def make_schedule(kind: str, base_lr: float, *, total_steps: int | None = None,
     if kind not in SCHEDULES:
         raise ValueError(f"learning-rate schedule {kind!r} is unknown; allowed: {', '.join(SCHEDULES)}")
     base_lr, min_lr, gamma = float(base_lr), float(min_lr), float(gamma)
-    if base_lr < 0 or min_lr < 0:
-        raise ValueError(f"learning rates must be >= 0, got base_lr={base_lr}, min_lr={min_lr}")
-    if warmup_steps < 0:
-        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
-    if kind == "step" and (step_size < 1 or gamma <= 0):
-        raise ValueError(f"'step' schedule needs step_size >= 1 and gamma > 0, got {step_size}, {gamma}")
-    if kind == "cosine" and (total_steps is None or total_steps < 1):
-        raise ValueError(f"'cosine' schedule needs total_steps >= 1, got {total_steps}")
+    _check_values(kind, base_lr, min_lr, total_steps, warmup_steps, step_size, gamma)
 
     def decayed(step: int) -> float:
         if kind == "constant":
@@ -71,3 +64,16 @@ def make_schedule(kind: str, base_lr: float, *, total_steps: int | None = None,
 
     schedule.kind = kind
     return schedule
+
+
+def _check_values(kind: str, base_lr: float, min_lr: float, total_steps: int | None, warmup_steps: int,
+                  step_size: int, gamma: float) -> None:
+    """The values `kind` needs, each in its range; a ValueError naming the first that is not."""
+    if base_lr < 0 or min_lr < 0:
+        raise ValueError(f"learning rates must be >= 0, got base_lr={base_lr}, min_lr={min_lr}")
+    if warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+    if kind == "step" and (step_size < 1 or gamma <= 0):
+        raise ValueError(f"'step' schedule needs step_size >= 1 and gamma > 0, got {step_size}, {gamma}")
+    if kind == "cosine" and (total_steps is None or total_steps < 1):
+        raise ValueError(f"'cosine' schedule needs total_steps >= 1, got {total_steps}")

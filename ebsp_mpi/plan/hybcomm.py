@@ -123,6 +123,14 @@ def _shape(m, n) -> tuple[int, int]:
     return _count("M (rows of the weight)", m), _count("N (columns of the weight)", n)
 
 
+def _ranks(workers, servers) -> tuple[int, int]:
+    return _count("workers (P1)", workers), _count("servers (P2)", servers)
+
+
+def _batch(k) -> int:
+    return _count("K (per-worker batch)", k)
+
+
 # --- Poseidon's Table 1: colocated servers (Sec. 3.2) ----------------------------------------------
 
 def poseidon_ps_bytes(m: int, n: int, p: int) -> Cost:
@@ -166,7 +174,7 @@ def poseidon_sfb_bytes(m: int, n: int, k: int, p: int) -> Cost:
         theirs: worker 2·k·(m+n)·(p−1) floats (× 4 bytes), server 0.
     """
     m, n = _shape(m, n)
-    k = _count("K (per-worker batch)", k)
+    k = _batch(k)
     p = _count("P (nodes)", p)
     return Cost(worker=float(FLOAT_BYTES * 2 * k * (m + n) * (p - 1)), server=0.0, colocated=True)
 
@@ -182,7 +190,7 @@ def crossover_workers(m: int, n: int, k: int) -> float:
         Nodes (not rounded).
     """
     m, n = _shape(m, n)
-    k = _count("K (per-worker batch)", k)
+    k = _batch(k)
     return 2 * m * n / (k * (m + n))
 
 
@@ -208,8 +216,7 @@ def ps_bytes(m: int, n: int, workers: int, servers: int = 1) -> Cost:
         Bytes (fp32) per iteration.
     """
     m, n = _shape(m, n)
-    workers = _count("workers (P1)", workers)
-    servers = _count("servers (P2)", servers)
+    workers, servers = _ranks(workers, servers)
     return Cost(worker=float(FLOAT_BYTES * 2 * m * n), server=FLOAT_BYTES * 2 * workers * m * n / servers)
 
 
@@ -242,9 +249,8 @@ def sfb_bytes(m: int, n: int, k: int, workers: int, servers: int = 1, synchronou
         Bytes (fp32) per iteration.
     """
     m, n = _shape(m, n)
-    k = _count("K (per-worker batch)", k)
-    workers = _count("workers (P1)", workers)
-    servers = _count("servers (P2)", servers)
+    k = _batch(k)
+    workers, servers = _ranks(workers, servers)
     factors = k * (m + n)
     if synchronous:
         return Cost(worker=float(FLOAT_BYTES * (2 * workers - 1) * factors),
@@ -266,8 +272,7 @@ def crossover_batch(m: int, n: int, workers: int, servers: int = 1, synchronous:
         Samples per worker (not rounded).
     """
     m, n = _shape(m, n)
-    workers = _count("workers (P1)", workers)
-    servers = _count("servers (P2)", servers)
+    workers, servers = _ranks(workers, servers)
     if not synchronous:
         return m * n / (m + n)
     # max(1, P1/P2) as max(P2, P1)/P2, so that K* is one correctly rounded division of integers
@@ -421,8 +426,7 @@ def choose(layers: Iterable[Sequence], batch: int, workers: int, servers: int = 
     if mode not in MODES:
         raise ValueError(f"comm.hybrid = {mode!r} is not one of {', '.join(map(repr, MODES))}")
     batch = _count("batch (K, per worker)", batch)
-    workers = _count("workers (P1)", workers)
-    servers = _count("servers (P2)", servers)
+    workers, servers = _ranks(workers, servers)
     specs = [_layer(s) for s in layers]
     names = [s[0] for s in specs]
     twice = sorted({x for x in names if names.count(x) > 1})

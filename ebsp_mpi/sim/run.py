@@ -116,31 +116,9 @@ def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, it
         policy = make_policy(job.sync, workers, seed=job.seed)
     except ValueError as e:
         raise UsageError(f"simulate with {workers} workers: {e}") from None
-    total = sum(limits) if None not in limits else None
-    progress = Progress(total, unit="push", enabled=show_progress)
-    # a resumed run is replayed with its restarts (sim.restarts), worker for recorded worker
-    restarts = getattr(source, "restarts", []) if getattr(source, "recorded", None) == workers else []
+    progress = Progress(sum(limits) if None not in limits else None, unit="push", enabled=show_progress)
     started = time.perf_counter()
-    ends: list[dict[int, float]] = [{} for _ in range(workers)]
-    if restarts and trainer is not None:
-        raise UsageError(f"simulate --train --replay {replay}: the run was resumed {len(restarts)} time(s), and "
-                         "the weights each restart reloaded from its checkpoint are not replayed; replay it "
-                         "without --train, or a run that was not resumed")
-    if restarts:
-        result, ends = simulate_resumed(lambda: make_policy(job.sync, workers, seed=job.seed), source, limits[0],
-                                        until, restarts)
-    else:
-        t0 = recorded.t0 if recorded is not None else 0.0
-        if trainer is not None:
-            trainer.begin(t0)
-        try:
-            result = simulate(policy, source, None, until=until, keep_releases=False, limits=limits, t0=t0,
-                              progress=lambda pushes: progress.update(pushes), trainer=trainer,
-                              recorded=recorded.pushes if recorded is not None else None)
-        except ReplayMismatch as e:
-            raise UsageError(f"simulate --train --replay {replay}: {e}; the recording cannot be paired") from None
-        if recorded is not None:
-            recorded.check(result)
+    result, ends, restarts = _schedule(job, workers, source, policy, limits, until, recorded, trainer, progress)
     seconds = time.perf_counter() - started
     progress.close(result.pushes)
     policy_tables = _record_rows(result.records)  # written and summarised both
@@ -148,33 +126,10 @@ def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, it
     parts = [source.parts(w, result.start[w], result.push[w]) for w in range(workers)]
     iterations_rows = [_iteration_rows(result, w, parts[w], ends[w]) for w in range(workers)]
     if job.trace.enabled:
-        attrs = _attrs(job, run_dir, workers, source)
-        _write_rank(run_dir, 0, {**attrs, "role": "server"}, {
-            "pushes": _push_rows(result), "pulls": _pull_rows(result), **policy_tables})
-        if workers <= WORKER_FILES_MAX:
-            for w in range(workers):
-                _write_rank(run_dir, w + 1, {**attrs, "role": "worker"}, {"iterations": iterations_rows[w]})
-        else:
-            _write_workers(run_dir, attrs, iterations_rows)
-
-    wall = float(np.nanmax(result.end)) if workers else 0.0
-    test_loss = test_accuracy = None
+        _write_traces(job, run_dir, workers, source, result, policy_tables, iterations_rows)
     if trainer is not None:
-        test_loss, test_accuracy = trainer.finish(wall)
-        write_model(run_dir, trainer.state_dict(), version=result.versions, step=result.versions,
-                    attrs={"sync": policy.name, "config_json": to_dict(job), "simulated": True})
-        if job.trace.enabled:
-            _write_evals(run_dir, trainer.evals)
-    summary = build_summary(
-        job, sync=policy.name, world_size=workers + 1, backend="simulated", wall_seconds=wall,
-        iterations=[len(p) for p in result.push],
-        wait_seconds=[float(rows["wait_s"].sum()) for rows in iterations_rows],
-        compute_seconds=[float(p.compute[:-1].sum()) for p in parts],
-        injected_delay_seconds=[float(p.delay[:-1].sum()) for p in parts],
-        barriers=result.barriers, rejected_pushes=trainer.rejected if trainer else 0, versions=result.versions,
-        train_loss=trainer.statistics()["train_loss"] if trainer else None, test_loss=test_loss,
-        test_accuracy=test_accuracy, targets=trainer.targets if trainer else AccuracyTargets([]),
-        evals=trainer.evals if trainer else [], mpi_library=None)
+        _finish_training(job, run_dir, trainer, result, policy.name)
+    summary = _summary(job, policy.name, workers, result, parts, iterations_rows, trainer)
     summary["simulation"] = {
         "source": source.source, "replay": None if replay is None else str(replay),
         "iterations_limit": limits[0] if len(set(limits)) == 1 else None,
@@ -188,6 +143,76 @@ def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, it
         summary["simulation"]["training"] = trainer.statistics()
     write_summary(run_dir, summary)
     return summary
+
+
+def _schedule(job: JobConfig, workers: int, source, policy, limits: list, until: float, recorded, trainer,
+              progress: Progress) -> tuple[SimResult, list[dict[int, float]], list]:
+    """Run the simulation: ``(result, per worker the iterations a restart cut short, the restarts)``.
+    A resumed run is replayed with its restarts (``sim.restarts``), worker for recorded worker; a
+    recording (``sim.recorded``) gives the pushes' order and times."""
+    restarts = getattr(source, "restarts", []) if getattr(source, "recorded", None) == workers else []
+    where = f"simulate --train --replay {getattr(source, 'run_dir', '')}"
+    if restarts and trainer is not None:
+        raise UsageError(f"{where}: the run was resumed {len(restarts)} time(s), and the weights each restart "
+                         "reloaded from its checkpoint are not replayed; replay it without --train, or a run "
+                         "that was not resumed")
+    if restarts:
+        result, ends = simulate_resumed(lambda: make_policy(job.sync, workers, seed=job.seed), source, limits[0],
+                                        until, restarts)
+        return result, ends, restarts
+    t0 = recorded.t0 if recorded is not None else 0.0
+    if trainer is not None:
+        trainer.begin(t0)
+    try:
+        result = simulate(policy, source, None, until=until, keep_releases=False, limits=limits, t0=t0,
+                          progress=progress.update, trainer=trainer,
+                          recorded=recorded.pushes if recorded is not None else None)
+    except ReplayMismatch as e:
+        raise UsageError(f"{where}: {e}; the recording cannot be paired") from None
+    if recorded is not None:
+        recorded.check(result)
+    return result, [{} for _ in range(workers)], []
+
+
+def _write_traces(job: JobConfig, run_dir: Path, workers: int, source, result: SimResult,
+                  policy_tables: dict[str, np.ndarray], iterations_rows: list) -> None:
+    """The server's trace and the workers' (one file each, or shared files past WORKER_FILES_MAX)."""
+    attrs = _attrs(job, run_dir, workers, source)
+    _write_rank(run_dir, 0, {**attrs, "role": "server"}, {
+        "pushes": _push_rows(result), "pulls": _pull_rows(result), **policy_tables})
+    if workers <= WORKER_FILES_MAX:
+        for w in range(workers):
+            _write_rank(run_dir, w + 1, {**attrs, "role": "worker"}, {"iterations": iterations_rows[w]})
+    else:
+        _write_workers(run_dir, attrs, iterations_rows)
+
+
+def _finish_training(job: JobConfig, run_dir: Path, trainer: EmulatedTrainer, result: SimResult, sync: str) -> None:
+    """The last evaluations, ``model.h5`` as the server writes it, and the evaluations in the trace."""
+    trainer.finish(float(np.nanmax(result.end)) if result.workers else 0.0)
+    write_model(run_dir, trainer.state_dict(), version=result.versions, step=result.versions,
+                attrs={"sync": sync, "config_json": to_dict(job), "simulated": True})
+    if job.trace.enabled:
+        _write_evals(run_dir, trainer.evals)
+
+
+def _summary(job: JobConfig, sync: str, workers: int, result: SimResult, parts: list, iterations_rows: list,
+             trainer: EmulatedTrainer | None = None) -> dict:
+    """The keys every run's summary has, as a simulation fills them (no MPI; without real weights, no
+    loss and no accuracy either)."""
+    trained = trainer is not None
+    return build_summary(
+        job, sync=sync, world_size=workers + 1, backend="simulated",
+        wall_seconds=float(np.nanmax(result.end)) if workers else 0.0,
+        iterations=[len(p) for p in result.push],
+        wait_seconds=[float(rows["wait_s"].sum()) for rows in iterations_rows],
+        compute_seconds=[float(p.compute[:-1].sum()) for p in parts],
+        injected_delay_seconds=[float(p.delay[:-1].sum()) for p in parts],
+        barriers=result.barriers, rejected_pushes=trainer.rejected if trained else 0, versions=result.versions,
+        train_loss=trainer.statistics()["train_loss"] if trained else None,
+        test_loss=trainer.evals[-1][2] if trained else None, test_accuracy=trainer.evals[-1][3] if trained else None,
+        targets=trainer.targets if trained else AccuracyTargets([]), evals=trainer.evals if trained else [],
+        mpi_library=None)
 
 
 def _statistics(result: SimResult, policy_tables: dict[str, np.ndarray]) -> dict:

@@ -208,10 +208,27 @@ def read_recording(run_dir: Path) -> Recording:
     for the workers (the run's start, on the clock continued from the checkpoint); worker w restarted
     at the iteration of its first push after it.
     """
+    where = f"--replay {run_dir}"
+    traces, pushes, pulls, servers, workers = _read_traces(run_dir, where)
+    recorded, starts, waits = [], [], []
+    for w in range(workers):
+        parts, started, waited = _recorded_worker(traces.get(w + servers), w, servers, pushes, pulls, where)
+        recorded.append(parts)
+        starts.append(started)
+        waits.append(waited)
+    # the run's start and its restarts: times at which the workers' pulls were asked for at once (half of
+    # them at least: a reply the policy held past the next checkpoint of a killed run is not in the trace)
+    asked = Counter(t for times in starts for t in times)
+    return Recording(recorded, _restarts(sorted(t for t, k in asked.items() if 2 * k >= workers)[1:], pushes,
+                                         waits))
+
+
+def _read_traces(run_dir: Path, where: str):
+    """The run's traces by rank, the server's ``pushes`` and ``pulls``, and the numbers of servers and
+    workers; a UsageError naming `where` when the run has no readable server trace or no worker."""
     from ..trace.frames import servers_of
     from ..trace.reader import TraceError, read_run
 
-    where = f"--replay {run_dir}"
     if not (run_dir / "trace").is_dir():
         raise UsageError(f"{where}: not a run directory (no trace/ in it; give the --out of a train run)")
     try:
@@ -230,29 +247,28 @@ def read_recording(run_dir: Path) -> Recording:
     workers = world - servers
     if workers < 1:
         raise UsageError(f"{where}: the traces name no workers (world size {world} with {servers} server(s))")
-    recorded, starts, waits = [], [], []
-    for w in range(workers):
-        trace = traces.get(w + servers)
-        it = trace.table("iterations") if trace is not None else np.zeros(0)
-        if not len(it):
-            raise UsageError(f"{where}: no iterations of worker {w} "
-                             f"(trace/rank-{w + servers:04d}.h5 missing or empty)")
-        mine = pushes[pushes["worker"] == w]
-        theirs = pulls[pulls["worker"] == w]
-        replies = np.sort(theirs["t_reply"])
-        starts.append(set(theirs["t_request"][~np.isin(theirs["t_request"], mine["t"])].tolist()))
-        parts = _worker_parts(np.sort(it, order="iteration"), mine, replies)
-        waits.append(dict(zip(it["iteration"].tolist(), it["wait_s"].tolist(), strict=True)))
-        if parts is None:
-            raise UsageError(f"{where}: the server recorded no push and reply of worker {w}'s iterations")
-        if not (np.all(np.isfinite(parts.compute)) and np.all(np.isfinite(parts.up))):
-            raise UsageError(f"{where}: worker {w}'s recorded times are not finite")
-        recorded.append(parts)
-    # the run's start and its restarts: times at which the workers' pulls were asked for at once (half of
-    # them at least: a reply the policy held past the next checkpoint of a killed run is not in the trace)
-    asked = Counter(t for times in starts for t in times)
-    return Recording(recorded, _restarts(sorted(t for t, k in asked.items() if 2 * k >= workers)[1:], pushes,
-                                         waits))
+    return traces, pushes, pulls, servers, workers
+
+
+def _recorded_worker(trace, w: int, servers: int, pushes: np.ndarray, pulls: np.ndarray,
+                     where: str) -> tuple[Parts, set, dict]:
+    """Worker w's phases per iteration, the request times of its pulls that answer none of its pushes
+    (the run's start and restarts), and its wait per iteration, from its trace and the server's rows."""
+    it = trace.table("iterations") if trace is not None else np.zeros(0)
+    if not len(it):
+        raise UsageError(f"{where}: no iterations of worker {w} "
+                         f"(trace/rank-{w + servers:04d}.h5 missing or empty)")
+    mine = pushes[pushes["worker"] == w]
+    theirs = pulls[pulls["worker"] == w]
+    replies = np.sort(theirs["t_reply"])
+    started = set(theirs["t_request"][~np.isin(theirs["t_request"], mine["t"])].tolist())
+    parts = _worker_parts(np.sort(it, order="iteration"), mine, replies)
+    waited = dict(zip(it["iteration"].tolist(), it["wait_s"].tolist(), strict=True))
+    if parts is None:
+        raise UsageError(f"{where}: the server recorded no push and reply of worker {w}'s iterations")
+    if not (np.all(np.isfinite(parts.compute)) and np.all(np.isfinite(parts.up))):
+        raise UsageError(f"{where}: worker {w}'s recorded times are not finite")
+    return parts, started, waited
 
 
 def _worker_parts(it: np.ndarray, pushes: np.ndarray, replies: np.ndarray) -> Parts | None:

@@ -119,29 +119,45 @@ def load_sweep(path: str | os.PathLike, seeds: list[int] | None = None) -> Sweep
     where = str(path)
     _check_keys(doc, SWEEP_KEYS, where)
     name = _check_name(doc.get("name", path.stem), f"{where}: name")
-
-    base = None
-    if "base" in doc:
-        if not isinstance(doc["base"], str) or not doc["base"]:
-            raise SweepError(f"{where}: base = {doc['base']!r}: must be the path of a job file")
-        # relative to the sweep file; normpath keeps a relative path relative (jobs/stragglers/base.toml)
-        base = Path(os.path.normpath(path.parent / doc["base"]))
-        if not base.is_file():
-            raise SweepError(f"{where}: base = {doc['base']!r}: job file {base} not found "
-                             f"(a relative base is read from the sweep file's directory)")
+    base = _base(doc, path, where)
     common = _overrides(doc.get("set", []), f"{where}: set")
-
     if seeds is None:
         seeds = doc.get("seeds")
     else:
-        where = f"{where} with --seeds"
-    if seeds is not None:
-        if (not isinstance(seeds, list) or not seeds
-                or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)):
-            raise SweepError(f"{where}: seeds = {seeds!r}: must be a non-empty list of integers >= 0")
-        if len(set(seeds)) != len(seeds):
-            raise SweepError(f"{where}: seeds = {seeds!r}: a seed is repeated")
+        where = f"{where} with --seeds"  # every later error may come of the seeds given
+    _check_seeds(seeds, where)
+    ranks, timeout, description = _settings(doc, where)
+    members = _members(doc, common, seeds, where)
+    return Sweep(path=path, name=name, base=base, members=members, ranks=ranks, timeout_s=float(timeout),
+                 description=description)
 
+
+def _base(doc: dict, path: Path, where: str) -> Path | None:
+    """The sweep's base job file, relative to the sweep file; None without one."""
+    if "base" not in doc:
+        return None
+    if not isinstance(doc["base"], str) or not doc["base"]:
+        raise SweepError(f"{where}: base = {doc['base']!r}: must be the path of a job file")
+    # relative to the sweep file; normpath keeps a relative path relative (jobs/stragglers/base.toml)
+    base = Path(os.path.normpath(path.parent / doc["base"]))
+    if not base.is_file():
+        raise SweepError(f"{where}: base = {doc['base']!r}: job file {base} not found "
+                         f"(a relative base is read from the sweep file's directory)")
+    return base
+
+
+def _check_seeds(seeds, where: str) -> None:
+    if seeds is None:
+        return
+    if (not isinstance(seeds, list) or not seeds
+            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)):
+        raise SweepError(f"{where}: seeds = {seeds!r}: must be a non-empty list of integers >= 0")
+    if len(set(seeds)) != len(seeds):
+        raise SweepError(f"{where}: seeds = {seeds!r}: a seed is repeated")
+
+
+def _settings(doc: dict, where: str) -> tuple[int | None, float, str]:
+    """``ranks``, ``timeout_s`` and ``description``, checked."""
     ranks = doc.get("ranks")
     if ranks is not None and (not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 2):
         raise SweepError(f"{where}: ranks = {ranks!r}: must be an integer >= 2 (the server and a worker)")
@@ -152,7 +168,11 @@ def load_sweep(path: str | os.PathLike, seeds: list[int] | None = None) -> Sweep
     description = doc.get("description", "")
     if not isinstance(description, str):
         raise SweepError(f"{where}: description = {description!r}: must be a string")
+    return ranks, timeout, description
 
+
+def _members(doc: dict, common: list[str], seeds: list[int] | None, where: str) -> list[Member]:
+    """The ``[[member]]`` tables, each expanded over the seeds (one member without seeds)."""
     tables = doc.get("member")
     if not isinstance(tables, list) or not tables or not all(isinstance(t, dict) for t in tables):
         raise SweepError(f"{where}: member: needs one or more [[member]] tables, each with a name and a set")
@@ -173,8 +193,7 @@ def load_sweep(path: str | os.PathLike, seeds: list[int] | None = None) -> Sweep
                 raise SweepError(f"{at}.name = {group!r}: a member of this name already exists")
             names.add(member.name)
             members.append(member)
-    return Sweep(path=path, name=name, base=base, members=members, ranks=ranks, timeout_s=float(timeout),
-                 description=description)
+    return members
 
 
 def check_members(sweep: Sweep, ranks: int) -> None:

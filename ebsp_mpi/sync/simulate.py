@@ -197,12 +197,7 @@ def simulate(policy: SyncPolicy, intervals: Intervals, iterations: int | None = 
         When the policy releases a worker whose pull is not pending.
     """
     interval = None if recorded is not None else _interval_function(intervals, policy.workers)
-    if iterations is not None and (isinstance(iterations, bool) or not isinstance(iterations, (int, np.integer))
-                                   or iterations < 1):
-        raise ValueError(f"iterations must be an integer >= 1, got {iterations!r}")
-    limits = [iterations] * policy.workers if limits is None else list(limits)
-    if None in limits and not until < math.inf:
-        raise ValueError("simulate needs an iteration count or a finite time limit (until)")
+    limits = _checked_limits(iterations, limits, policy.workers, until)
     run = _Run(Coordinator(policy, limits, until), interval, keep_releases, t0, trainer)
     run.carry_out(run.coordinator.start(t0), t0)
     if recorded is not None:
@@ -210,6 +205,18 @@ def simulate(policy: SyncPolicy, intervals: Intervals, iterations: int | None = 
     else:
         run.loop(progress)
     return run.result()
+
+
+def _checked_limits(iterations, limits, n: int, until: float) -> list:
+    """Per worker, its iterations: `limits`, else `iterations` for every worker; with no time limit,
+    every worker needs one."""
+    if iterations is not None and (isinstance(iterations, bool) or not isinstance(iterations, (int, np.integer))
+                                   or iterations < 1):
+        raise ValueError(f"iterations must be an integer >= 1, got {iterations!r}")
+    limits = [iterations] * n if limits is None else list(limits)
+    if None in limits and not until < math.inf:
+        raise ValueError("simulate needs an iteration count or a finite time limit (until)")
+    return limits
 
 
 class ReplayMismatch(RuntimeError):

@@ -26,9 +26,11 @@ used and the file says so. The profile is JSON (:mod:`ebsp_mpi.plan.osdp_files`)
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 DEFAULT_OUT = "osdp-profile.json"
 #: Used when neither --bench nor --latency/--bandwidth is given (and recorded as such).
@@ -38,13 +40,12 @@ NOMINAL_BANDWIDTH = 1e9
 
 def add_parser(subparsers) -> None:
     """Register ``profile`` on the CLI's subparsers (``ebsp_mpi.cli``)."""
+    from . import add_job_arguments
+
     p = subparsers.add_parser("profile", help="time each layer's forward and backward and a step's memory for "
                                               "OSDP's planner; writes a profile (JSON)",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("job", nargs="?", metavar="JOB.toml", help="job file (default: the embedded default job)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a job key (repeatable)")
-    p.add_argument("--out", metavar="FILE", default=DEFAULT_OUT, help=f"profile file (default {DEFAULT_OUT})")
+    add_job_arguments(p, DEFAULT_OUT, "profile")
     add_profile_options(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.set_defaults(run=main)
@@ -70,8 +71,8 @@ def add_profile_options(p: argparse.ArgumentParser) -> None:
 
 
 def main(args) -> int:
-    from .config import load_job
-    from .plan.osdp_files import write_json
+    from ...config import load_job
+    from ..osdp_files import write_json
 
     job = load_job(args.job, args.overrides)
     doc = run_profile(job, args)
@@ -83,10 +84,11 @@ def main(args) -> int:
 
 def run_profile(job, args) -> dict:
     """Profile `job`'s model as the options in `args` say; the profile document."""
-    from . import build
-    from .backend import resolve_backend
-    from .errors import UsageError
-    from .plan.osdp_files import PROFILE_FORMAT, PROFILE_VERSION, check_batches_fit, model_identity, model_layers
+    from ... import build
+    from ...backend import resolve_backend
+    from ...errors import UsageError
+    from ...progress import Progress
+    from ..osdp_files import PROFILE_FORMAT, PROFILE_VERSION, check_batches_fit, model_identity, model_layers
 
     batch_sizes = parse_batch_sizes(args.batch_sizes) if args.batch_sizes else [job.data.batch_size]
     splits = parse_splits(args.splits)
@@ -105,37 +107,16 @@ def run_profile(job, args) -> dict:
         entry["forward_s"], entry["backward_s"] = [], []
         if entry["params"]:
             entry["slices_s"] = {str(n): {"forward_s": [], "backward_s": []} for n in splits if n <= entry["rows"]}
-    loss_s, activations = [], []
-    from .progress import Progress
-
     progress = Progress(len(batch_sizes) * (args.warmup + args.reps + 1), unit="step",
                         enabled=not getattr(args, "quiet", False))
-    done = 0
+    steps = itertools.count(1)
+    loss_s, activations = [], []
     for b in batch_sizes:
-        x, y = _inputs(model, ds.num_classes, b)
-        times = [[] for _ in layers]
-        losses = []
-        for rep in range(args.warmup + args.reps):
-            step = time_step(model, backend, backend.asarray(x), backend.asarray(y))
-            if rep >= args.warmup:
-                for t, (f, bw) in zip(times, step[0], strict=True):
-                    t.append((f, bw))
-                losses.append(step[1])
-            done += 1
-            progress.update(done, batch=b)
-        for entry, t in zip(layers, times, strict=True):
-            entry["forward_s"].append(statistics.median(f for f, _ in t))
-            entry["backward_s"].append(statistics.median(bw for _, bw in t))
-        loss_s.append(statistics.median(losses))
-        for entry, per_count in zip(layers, slice_times(model, backend, layers, x, y, args.reps, args.warmup),
-                                    strict=True):
-            for n, (f, bw) in per_count.items():  # the step's time of the layer, scaled
-                entry["slices_s"][str(n)]["forward_s"].append(f * entry["forward_s"][-1])
-                entry["slices_s"][str(n)]["backward_s"].append(bw * entry["backward_s"][-1])
-        activations.append(activation_bytes(model, backend, x, y))
-        done += 1
-        progress.update(done, batch=b)
-    progress.close(done)
+        loss, activation = _profile_batch(model, backend, ds.num_classes, layers, b, args,
+                                          lambda b=b: progress.update(next(steps), batch=b))
+        loss_s.append(loss)
+        activations.append(activation)
+    progress.close(progress.total)  # every batch size took warmup + reps + 1 steps
     update = update_time(job, model.space.size, args.reps, args.warmup)
     return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, "model": model_identity(model),
             "backend": backend.name, "device": backend.describe(), "dtype": str(model.space.dtype),
@@ -143,6 +124,33 @@ def run_profile(job, args) -> dict:
             "splits": list(splits),
             "layers": layers, "loss_s": loss_s, "activation_bytes": activations, "update_s": update,
             "network": network, "overhead_s": overhead}
+
+
+def _profile_batch(model, backend, num_classes: int, layers: list[dict], b: int, args,
+                   step_done: Callable[[], None]) -> tuple[float, int]:
+    """Batch size `b`: each layer's median step times and its slices' appended to `layers`; the loss's
+    median seconds and the step's activation bytes returned. `step_done` is called after each step."""
+    x, y = _inputs(model, num_classes, b)
+    times = [[] for _ in layers]
+    losses = []
+    for rep in range(args.warmup + args.reps):
+        step = time_step(model, backend, backend.asarray(x), backend.asarray(y))
+        if rep >= args.warmup:
+            for t, (f, bw) in zip(times, step[0], strict=True):
+                t.append((f, bw))
+            losses.append(step[1])
+        step_done()
+    for entry, t in zip(layers, times, strict=True):
+        entry["forward_s"].append(statistics.median(f for f, _ in t))
+        entry["backward_s"].append(statistics.median(bw for _, bw in t))
+    for entry, per_count in zip(layers, slice_times(model, backend, layers, x, y, args.reps, args.warmup),
+                                strict=True):
+        for n, (f, bw) in per_count.items():  # the step's time of the layer, scaled
+            entry["slices_s"][str(n)]["forward_s"].append(f * entry["forward_s"][-1])
+            entry["slices_s"][str(n)]["backward_s"].append(bw * entry["backward_s"][-1])
+    activation = activation_bytes(model, backend, x, y)
+    step_done()
+    return statistics.median(losses), activation
 
 
 def _inputs(model, num_classes: int, b: int):
@@ -156,7 +164,7 @@ def _inputs(model, num_classes: int, b: int):
 def time_step(model, backend, x, y) -> tuple[list[tuple[float, float]], float]:
     """One training step, layer by layer as ``Model.loss_and_grad`` runs it: per layer ``(forward,
     backward)`` seconds (backward 0 below the first layer with parameters), and the loss's."""
-    from .nn.losses import softmax_cross_entropy
+    from ...nn.losses import softmax_cross_entropy
 
     clock, sync = time.perf_counter, backend.synchronize
     n = len(model.layers)
@@ -186,8 +194,8 @@ def update_time(job, params: int, reps: int, warmup: int) -> float:
     parameters), on NumPy as the servers run it, on a gradient of small random values."""
     import numpy as np
 
-    from . import build
-    from .bench.report import median_seconds
+    from ... import build
+    from ...bench.report import median_seconds
 
     n = -(-params // job.runtime.servers)
     rng = np.random.default_rng(0)
@@ -204,7 +212,7 @@ def slice_times(model, backend, layers: list[dict], x_host, y_host, reps: int, w
     slice) run in turn on the layer's input and output gradient of one step: run alone, a layer finds its
     operands in cache, which a step does not, so only their ratio carries over to the step's times.
     """
-    from .nn.losses import softmax_cross_entropy
+    from ...nn.losses import softmax_cross_entropy
 
     xp, clock, sync = backend.xp, time.perf_counter, backend.synchronize
     h, inputs = backend.asarray(x_host), []
@@ -253,7 +261,7 @@ def slice_times(model, backend, layers: list[dict], x_host, y_host, reps: int, w
 def _slice_units(model, layer, entry: dict, n: int) -> list:
     """The `n` slices of `layer`: ``((W rows, b part, first row), (their values))``, forward order; b
     goes per row (Conv2D) or whole with the last slice (Dense)."""
-    from .plan.osdp import split_rows
+    from ..osdp import split_rows
 
     W, b = (model.space.param(t) for t in layer.tensor_names)
     units, row = [], 0
@@ -289,7 +297,7 @@ def activation_bytes(model, backend, x_host, y_host) -> int:
 
 
 def parse_batch_sizes(text: str) -> list[int]:
-    from .errors import UsageError
+    from ...errors import UsageError
 
     try:
         sizes = [int(part) for part in text.split(",") if part.strip()]
@@ -302,7 +310,7 @@ def parse_batch_sizes(text: str) -> list[int]:
 
 def parse_splits(text: str) -> tuple[int, ...]:
     """``--splits``: slice counts, each >= 2 (empty: none)."""
-    from .errors import UsageError
+    from ...errors import UsageError
 
     try:
         splits = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
@@ -315,9 +323,9 @@ def parse_splits(text: str) -> tuple[int, ...]:
 
 def network_options(args) -> dict:
     """Latency and bandwidth from ``--bench FILE`` or ``--latency``/``--bandwidth`` (nominal without)."""
-    from .errors import UsageError
-    from .plan.osdp_files import network_from_bench
-    from .plan.sizes import parse_size
+    from ...errors import UsageError
+    from ..osdp_files import network_from_bench
+    from ..sizes import parse_size
 
     if args.bench and (args.latency or args.bandwidth):
         raise UsageError("--bench FILE gives latency and bandwidth: give it or --latency/--bandwidth, not both")
@@ -337,7 +345,7 @@ def network_options(args) -> dict:
 
 
 def _seconds(text: str, what: str) -> float:
-    from .errors import UsageError
+    from ...errors import UsageError
 
     try:
         value = float(text)
@@ -350,7 +358,7 @@ def _seconds(text: str, what: str) -> float:
 
 def print_profile(doc: dict, out=None) -> None:
     """Per layer and batch size: forward and backward milliseconds; then activations and network."""
-    from .plan.sizes import format_size
+    from ..sizes import format_size
 
     out = out or sys.stdout
     sizes = doc["batch_sizes"]

@@ -6,8 +6,7 @@
   same options). Prints the plan per layer and its predicted peak memory, iteration time and samples
   per second, and writes the plan file a job names with ``osdp.plan``.
 - ``plan --osdp-profile FILE --blocks B --hidden H --memory-mb L [--row R] [--json]``: the OSDP
-  authors' planning problem on their GPT-block profile, solved exactly
-  (:mod:`ebsp_mpi.plan.osdp_authors`).
+  authors' planning problem on their GPT-block profile, solved exactly (:mod:`.authors`).
 """
 
 from __future__ import annotations
@@ -20,27 +19,17 @@ DEFAULT_OUT = "plan.json"
 
 def add_parser(subparsers) -> None:
     """Register ``plan`` on the CLI's subparsers (``ebsp_mpi.cli``)."""
+    from . import add_job_arguments, authors
     from .profile import add_profile_options
 
     p = subparsers.add_parser("plan", help="OSDP: per layer resident, on-demand or split under a memory limit "
                                            "(or the authors' problem with --osdp-profile)",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("job", nargs="?", metavar="JOB.toml", help="job file (default: the embedded default job)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a job key (repeatable)")
+    add_job_arguments(p, DEFAULT_OUT, "plan")
     p.add_argument("--memory-limit", metavar="SIZE", help="per-worker memory limit, e.g. 512MiB, 2GB, 100000")
     p.add_argument("--profile", metavar="FILE", help="profile from python -m ebsp_mpi profile (default: profile now)")
-    p.add_argument("--out", metavar="FILE", default=DEFAULT_OUT, help=f"plan file (default {DEFAULT_OUT})")
     add_profile_options(p)
-    authors = p.add_argument_group("the OSDP authors' problem")
-    authors.add_argument("--osdp-profile", metavar="FILE", help="the authors' profile (gpt_block_profile.json)")
-    authors.add_argument("--blocks", type=int, metavar="B", help="transformer blocks")
-    authors.add_argument("--hidden", type=int, metavar="H", help="hidden size (one of the profile's)")
-    authors.add_argument("--memory-mb", type=int, metavar="L", help="device memory in MB")
-    authors.add_argument("--row", type=int, metavar="R", help="batch row (default: the row of most samples/s)")
-    authors.add_argument("--row-batches", metavar="N,N,...",
-                         help="batch of each row, for samples/s (default: the row number, as the authors' "
-                              "scheduler labels it)")
+    authors.add_arguments(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.set_defaults(run=main)
@@ -48,22 +37,21 @@ def add_parser(subparsers) -> None:
 
 def main(args) -> int:
     if args.osdp_profile:
-        return _authors(args)
+        from . import authors
+
+        return authors.main(args)
     return _job(args)
 
 
-# -- a job ----------------------------------------------------------------------------------------
-
-
 def _job(args) -> int:
-    from . import build
-    from .config import load_job
-    from .errors import UsageError
-    from .plan import osdp
-    from .plan.osdp_files import (check_profile_fits, check_profile_splits, cost_models, model_layers,
+    from ... import build
+    from ...config import load_job
+    from ...errors import UsageError
+    from .. import osdp
+    from ..osdp_files import (check_profile_fits, check_profile_splits, cost_models, model_layers,
                                   plan_document, read_profile, write_json)
     from .profile import parse_splits
-    from .plan.sizes import parse_size
+    from ..sizes import parse_size
 
     if args.blocks is not None or args.hidden is not None or args.memory_mb is not None or args.row is not None:
         raise UsageError("--blocks, --hidden, --memory-mb and --row belong to the authors' problem: give "
@@ -133,7 +121,7 @@ def _network_given(profile: dict, args) -> dict:
 
 def print_plan(best, cm, models, limit: int, out=None) -> None:
     """The plan per layer, its peak memory by part, and its time against all-resident."""
-    from .plan import osdp
+    from .. import osdp
 
     out = out or sys.stdout
     sizes = ", ".join(str(m.batch) for m in models)
@@ -158,76 +146,13 @@ def print_plan(best, cm, models, limit: int, out=None) -> None:
 
 
 def _choices(p, models) -> str:
-    from .plan import osdp
+    from .. import osdp
 
     cm = next(m for m in models if m.batch == p.batch)
     return ", ".join(f"{b.name} {osdp.describe(s)}" for b, s in zip(cm.blocks, p.choices, strict=True))
 
 
 def _size(nbytes: float) -> str:
-    from .plan.sizes import format_size
+    from ..sizes import format_size
 
     return format_size(nbytes)
-
-
-# -- the authors' problem ---------------------------------------------------------------------------
-
-
-def _authors(args) -> int:
-    from .errors import UsageError
-    from .plan import osdp_authors as a
-
-    if args.job or args.memory_limit or args.profile:
-        raise UsageError("--osdp-profile solves the authors' problem: give no JOB, --memory-limit or --profile")
-    missing = [name for name, v in (("--blocks", args.blocks), ("--hidden", args.hidden),
-                                    ("--memory-mb", args.memory_mb)) if v is None]
-    if missing:
-        raise UsageError(f"--osdp-profile needs {', '.join(missing)} (e.g. --blocks 48 --hidden 1536 --memory-mb 8192)")
-    if args.blocks < 1 or args.memory_mb < 1:
-        raise UsageError(f"--blocks {args.blocks} --memory-mb {args.memory_mb}: both must be >= 1")
-    profile = a.read_profile(args.osdp_profile)
-    if args.row is not None:
-        result = a.solve(profile, args.blocks, args.hidden, args.memory_mb, args.row).as_dict()
-    else:
-        rows = a.rows_of(profile)
-        batches = _row_batches(args.row_batches, rows) if args.row_batches else list(range(rows))
-        best, solutions = a.best_row(profile, args.blocks, args.hidden, args.memory_mb, batches)
-        authors = a.authors_row(profile, args.blocks, args.hidden, args.memory_mb)
-        budget = args.memory_mb - int(profile.get("extra_overhead_mb", 800))
-        result = best.as_dict() if best else {"feasible": False, "row": None, "budget_mb": budget}
-        if best:
-            result["samples_per_s"] = batches[best.row] / best.time_s
-        result["authors_rule_row"] = authors.row if authors else None
-        result["rows"] = [dict(s.as_dict(), batch=batches[s.row],
-                               **({"samples_per_s": batches[s.row] / s.time_s} if s.feasible else {}))
-                          for s in solutions]
-    if args.json:
-        print(json.dumps(result, indent=1))
-    else:
-        _print_authors(result, args)
-    return 0
-
-
-def _row_batches(text: str, rows: int) -> list[float]:
-    from .errors import UsageError
-
-    try:
-        values = [float(part) for part in text.split(",")]
-    except ValueError:
-        values = []
-    if len(values) != rows or any(not v >= 0 for v in values):
-        raise UsageError(f"--row-batches {text!r}: expected {rows} numbers >= 0, one per row")
-    return values
-
-
-def _print_authors(result: dict, args) -> None:
-    print(f"{args.blocks} blocks, hidden {args.hidden}, {args.memory_mb} MB (budget {result['budget_mb']} MB)")
-    for r in result.get("rows", [result]):
-        if r["feasible"]:
-            counts = ", ".join(f"{k} {n}" for k, n in r["strategy_counts"].items())
-            print(f"row {r['row']}: {r['time_s']:.6f} s, {r['memory_mb']} MB; {counts}")
-        else:
-            print(f"row {r['row']}: infeasible")
-    if "authors_rule_row" in result:
-        print(f"most samples/s: row {result['row']}; the authors' rule (least summed time over rows 1-3 up to the "
-              f"first infeasible): row {result['authors_rule_row']}")
