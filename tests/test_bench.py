@@ -147,6 +147,21 @@ def test_nn_writes_one_record_per_layer_case(monkeypatch):
     assert [r["case"].split()[0] for r in records] == ["Dense", "Conv2D", "MaxPool2D", "SGD.step"]
 
 
+def test_simulate_times_every_policy_against_the_bare_loop(tmp_path):
+    records, out = run_bench(tmp_path, "simulate", "--workers", "8", "--iterations", "20")
+    check_records(records, "simulate")
+    assert len(records) == 6 and {r["reference"] for r in records} == {"bare heapq loop"}
+
+
+def test_simulate_train_times_the_emulation_against_the_same_gradients_in_a_bare_loop(tmp_path):
+    records, out = run_bench(tmp_path, "simulate", "--train", "--workers", "4", "--iterations", "5",
+                             "--policies", "bsp,asp")
+    check_records(records, "simulate")
+    assert [r["case"] for r in records] == ["train bsp n=4 K=5", "train asp n=4 K=5"]
+    assert {r["reference"] for r in records} == {"bare gradient + step loop"}
+    assert "20 gradients" in out
+
+
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """bench nn's GPU path with the fake CuPy as our side and PyTorch on the CPU as theirs."""

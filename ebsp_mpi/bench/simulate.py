@@ -9,7 +9,8 @@ from a :mod:`heapq`, look up the worker's next interval, push it back; no policy
 floor of any event loop written in Python. The ratio is policy seconds over bare-loop seconds.
 
 Single-threaded: ``OMP_NUM_THREADS=1 python -m ebsp_mpi bench simulate`` (defaults: 1,024 workers x
-10,000 iterations, a few minutes in all).
+10,000 iterations, a few minutes in all). ``--train`` times emulated training instead
+(:mod:`ebsp_mpi.bench.emulate`).
 """
 
 from __future__ import annotations
@@ -70,8 +71,15 @@ def main(argv=None, records: list | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--policies", default=",".join(label.split("(")[0] for label, _ in POLICIES),
                         help="comma-separated models to time (default: all)")
+    parser.add_argument("--train", action="store_true",
+                        help="emulated training (simulate --train) against a bare loop of the same gradients "
+                             "and steps (bench.emulate; give e.g. --iterations 50)")
     args = parser.parse_args(argv)
     wanted = args.policies.split(",")
+    if args.train:
+        from ebsp_mpi.bench.emulate import main_train
+
+        return main_train(args.workers, args.iterations, args.seed, wanted, records)
     table = intervals(args.workers, args.seed)
     events = args.workers * args.iterations
     bare = bare_loop(table, args.iterations)

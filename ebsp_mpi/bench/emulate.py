@@ -1,0 +1,85 @@
+"""Benchmark: emulated training (``simulate --train``) against a bare loop of the same gradients and steps.
+
+``python -m ebsp_mpi bench simulate --train`` runs each policy's emulation of n virtual workers x K
+iterations in process (no traces, no evaluations) and, in the same run, the peer: a bare loop that
+computes the same number of gradients on the same model and batch size and takes as many optimizer
+steps, with no schedule, coordinator, version store or gradient buffers; its batches come from the
+workers' streams in turn. What the emulation costs per push beyond the gradient and the step is
+``emulation / bare - 1``; the target is at most 0.20. Building the data set and the streams is set-up,
+timed in neither.
+
+The model is the default job's MLP ([128] hidden, ReLU) on 64 features and 10 classes; the data are
+synthetic (``data.name = synthetic``), with 32 samples per batch and at least 4 batches per worker, so
+that 1,024 workers each have a shard (the UCI digits' 1,438 training images shard to 44 at most).
+The iteration times are the scaling study's pattern (``bench.simulate.intervals``).
+"""
+
+from __future__ import annotations
+
+import time
+
+
+from ebsp_mpi import build
+from ebsp_mpi.bench.report import record
+from ebsp_mpi.bench.simulate import POLICIES, intervals
+from ebsp_mpi.config import load_job
+from ebsp_mpi.sim.training import EmulatedTrainer
+from ebsp_mpi.sync.registry import make_policy
+from ebsp_mpi.sync.simulate import simulate
+
+BATCH = 32
+
+
+def job_for(workers: int, iterations: int, seed: int):
+    """The benchmark's job: the default MLP on synthetic data large enough for every worker's shard."""
+    samples = max(10_000, int(workers * BATCH * 4 / 0.8) + 1)  # 80 % of the samples train
+    return load_job(None, ["data.name=synthetic", f"data.synthetic_samples={samples}", f"data.batch_size={BATCH}",
+                           "eval.every_seconds=1e9", f"stop.iterations={iterations}", "stop.epochs=0",
+                           f"seed={seed}", "trace.enabled=false"])
+
+
+def bare_loop(job, workers: int, gradients: int) -> float:
+    """Seconds of `gradients` gradients, drawn from the `workers` batch streams in turn (as the workers
+    draw them), and as many optimizer steps on one model; nothing else."""
+    ds = build.dataset(job)
+    model = build.model(job, ds)
+    params = model.space.data.copy()
+    opt, lr_at = build.optimizer(job, params.size), build.schedule(job)
+    streams = [build.batch_stream(job, ds, w, workers) for w in range(workers)]
+    started = time.perf_counter()
+    for k in range(gradients):
+        model.space.data[...] = params
+        idx = streams[k % workers].next_indices()
+        model.loss_and_grad(ds.x_train[idx], ds.y_train[idx])
+        opt.step(params, model.space.grad, lr_at(k))
+    return time.perf_counter() - started
+
+
+def main_train(workers: int, iterations: int, seed: int, wanted: list[str], records: list | None) -> int:
+    """Time each wanted policy's emulation against the bare loop; print one row per policy."""
+    job = job_for(workers, iterations, seed)
+    table = intervals(workers, seed)
+    gradients = workers * iterations
+    bare = bare_loop(job, workers, gradients)
+    print(f"emulated training: {workers} workers x {iterations} iterations = {gradients:,} gradients of the MLP "
+          f"{job.model.hidden} on {job.data.synthetic_features} features, batch {BATCH}")
+    print(f"bare loop (the same gradients and steps, nothing else): {bare:.2f} s, "
+          f"{gradients / bare:,.0f} gradients/s")
+    header = f"{'policy':<18} | {'seconds':>8} {'pushes/s':>9} | {'x bare loop':>11} {'overhead':>9} | {'copies':>6}"
+    print(header)
+    print("-" * len(header))
+    for label, sync in POLICIES:
+        if sync.model not in wanted:
+            continue
+        trainer = EmulatedTrainer(job, workers)  # the data and the streams: set-up, not per push
+        started = time.perf_counter()
+        result = simulate(make_policy(sync, workers, seed=seed), table, iterations, keep_releases=False,
+                          trainer=trainer)
+        seconds = time.perf_counter() - started
+        peak = trainer.versions.peak_copies
+        print(f"{label:<18} | {seconds:8.2f} {result.pushes / seconds:9.0f} | {seconds / bare:11.2f} "
+              f"{seconds / bare - 1:+9.1%} | {peak:>6}")
+        if records is not None:
+            records.append(record("simulate", f"train {label} n={workers} K={iterations}", seconds, "s",
+                                  "bare gradient + step loop", bare))
+    return 0
