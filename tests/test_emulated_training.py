@@ -125,3 +125,25 @@ def test_a_run_with_two_servers_and_wait_free_backprop_replays_too(tmp_path):
     assert p.returncode == 0, p.stderr
     assert replay(live, tmp_path / "replay")["simulation"]["exact_replay"] is True
     assert max_abs_difference(live, tmp_path / "replay") <= TOLERANCE
+
+
+def test_a_sweep_with_real_weights_writes_the_accuracy_table_and_figure(tmp_path):
+    pytest.importorskip("matplotlib")
+    from ebsp_mpi.sim.accuracy import accuracy_rows
+    from ebsp_mpi.sim.study import run_sweep
+
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text('name = "acc"\nset = ["trace.enabled=false", "stop.iterations=0", "stop.epochs=0", '
+                     '"stop.seconds=1.5", "straggler.base_s=0.01", "eval.every_seconds=0.1", '
+                     '"eval.targets=[0.5, 0.999]"]\n'
+                     '[[member]]\nname = "bsp"\nset = ["sync.model=bsp", "sync.workers=4"]\n'
+                     '[[member]]\nname = "asp-dc"\nset = ["sync.model=asp", "optim.staleness=dc", "sync.workers=4"]\n')
+    out = run_sweep(str(sweep), str(tmp_path / "out"), show_progress=False, train=True)
+    for name in ("accuracy.md", "accuracy.csv", "accuracy.png"):
+        assert (out / name).stat().st_size > 0
+    bsp, asp = accuracy_rows(out)
+    assert (bsp["model"], asp["model"]) == ("bsp", "asp+dc")
+    assert bsp["t_0.5"] > 0 and bsp["t_0.5_vs_bsp"] == 1.0
+    assert np.isnan(bsp["t_0.999"]) and np.isnan(asp["t_0.999_vs_bsp"])  # never reached
+    assert len(bsp["evals"]) >= 15 and 0 < bsp["test_accuracy"] <= 1
+    assert "| bsp | 4 |" in (out / "accuracy.md").read_text()

@@ -146,8 +146,14 @@ def _seed(value) -> int | None:
 
 
 def model_label(config: dict) -> str:
-    """The sync model with the parameters that define it, e.g. ``ssp(s=3)`` or ``dssp(s=3,r=3)``."""
-    sync = section(config, "sync")
+    """The sync model with the parameters that define it, e.g. ``ssp(s=3)`` or ``dssp(s=3,r=3)``, and a
+    staleness-aware update rule where there is one (``asp+scale``, ``asp+dc``)."""
+    rule = section(config, "optim").get("staleness") or "none"
+    label = _sync_label(section(config, "sync"))
+    return label if rule == "none" else f"{label}+{rule}"
+
+
+def _sync_label(sync: dict) -> str:
     model = sync.get("model", "?")
     if model == "ssp":
         return f"ssp(s={sync.get('staleness')})"

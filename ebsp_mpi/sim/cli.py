@@ -5,6 +5,7 @@
     python -m ebsp_mpi simulate JOB.toml --workers 1024 --iterations 200 --out /tmp/sim
     python -m ebsp_mpi simulate --replay RUN_DIR --out /tmp/replayed      # the run's own job and times
     python -m ebsp_mpi simulate --sweep jobs/simulations/scaling.toml --out /tmp/scaling
+    python -m ebsp_mpi simulate --train --workers 64 --iterations 50 --set data.batch_size=16   # real weights
 
 ``JOB`` and ``--set`` as for ``train``. The iteration times come from the job's straggler model
 (``straggler.base_s`` and the rest; ``base_s = 0`` is taken as 10 ms), or with ``--replay`` from a
@@ -46,13 +47,12 @@ def add_parser(subparsers) -> None:
 
 def main(args) -> int:
     if args.sweep:
-        if args.job or args.replay or args.overrides or args.workers is not None or args.iterations is not None \
-                or args.train:
+        if args.job or args.replay or args.overrides or args.workers is not None or args.iterations is not None:
             raise UsageError("simulate --sweep FILE: the sweep file names the jobs; give no JOB, --set, --workers, "
-                             "--iterations, --replay or --train")
+                             "--iterations or --replay")
         from .study import run_sweep
 
-        run_sweep(args.sweep, args.out, show_progress=not args.quiet)
+        run_sweep(args.sweep, args.out, show_progress=not args.quiet, train=args.train)
         return 0
     if args.workers is not None and args.workers < 1:
         raise UsageError(f"--workers {args.workers}: needs at least 1 worker")

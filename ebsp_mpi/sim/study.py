@@ -31,8 +31,10 @@ COLUMNS = ("member", "model", "workers", "pushes", "simulated_s", "s_per_1000_pu
            "predicted_spread_ms", "observed_spread_ms", "simulation_s")
 
 
-def run_sweep(path: str, out: str | None, show_progress: bool = True) -> Path:
+def run_sweep(path: str, out: str | None, show_progress: bool = True, train: bool = False) -> Path:
     """Simulate every member of the sweep file `path` into `out`; write the manifest and the table.
+    With `train`, every member trains real weights (``simulate --train``), and the accuracy table and
+    figure come too (:mod:`.accuracy`).
 
     Raises
     ------
@@ -60,14 +62,14 @@ def run_sweep(path: str, out: str | None, show_progress: bool = True) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     outcomes = []
     for i, (m, job) in enumerate(zip(sweep.members, jobs, strict=True)):
-        command = [sys.executable, "-m", "ebsp_mpi", "simulate", *([base] if base else []),
+        command = [sys.executable, "-m", "ebsp_mpi", "simulate", *([base] if base else []), *(["--train"] * train),
                    *[a for o in m.overrides for a in ("--set", o)], "--out", str(out_dir / m.name), "-q"]
         outcome = Outcome(name=m.name, group=m.group, seed=m.seed, dir=m.name, command=command,
                           overrides=list(m.overrides))
         started = time.monotonic()
         try:
             summary = simulate_job(job, job.sync.workers, make_run_dir(str(out_dir / m.name), job.name),
-                                   show_progress=False)
+                                   show_progress=False, train=train)
         except UsageError as e:
             raise SweepError(f"{sweep.path}: member {m.name!r}: {e}") from None
         outcome.seconds, outcome.status, outcome.returncode = time.monotonic() - started, "ok", 0
@@ -80,6 +82,11 @@ def run_sweep(path: str, out: str | None, show_progress: bool = True) -> Path:
     write_table(rows, out_dir)
     scaling_figure(rows, out_dir / "scaling.png")
     print(f"{len(rows)} simulations -> {out_dir} (scaling.md, scaling.csv, scaling.png)")
+    if train:
+        from .accuracy import write_accuracy
+
+        write_accuracy(out_dir)
+        print(f"accuracy -> {out_dir} (accuracy.md, accuracy.csv, accuracy.png)")
     return out_dir
 
 

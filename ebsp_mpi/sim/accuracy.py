@@ -1,0 +1,85 @@
+"""The accuracy side of a sweep simulated with real weights (``simulate --sweep FILE --train``).
+
+One row per member: model, workers, each worker's batch, pushes, the final test accuracy, the virtual
+time at which the evaluated accuracy first reached each of the job's targets (``eval.targets``) and
+that time against BSP's at the same number of workers; and a figure, accuracy against virtual time,
+one panel per number of workers. It reads the members' ``summary.json`` only.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+from ..analysis.runs import model_label
+
+
+def accuracy_rows(out_dir: Path) -> list[dict]:
+    """One row per member of the sweep in `out_dir` (the manifest's order)."""
+    manifest = json.loads((out_dir / "sweep.json").read_text())
+    summaries = [(m["name"], json.loads((out_dir / m["dir"] / "summary.json").read_text()))
+                 for m in manifest["members"]]
+    rows = []
+    for name, s in summaries:
+        reached = {float(k): v for k, v in (s.get("time_to_accuracy") or {}).items()}
+        rows.append({"member": name, "model": model_label(s.get("config") or {}), "sync": s["sync"],
+                     "workers": s["workers"], "batch": (s.get("config") or {}).get("data", {}).get("batch_size"),
+                     "pushes": sum(s["iterations"]), "test_accuracy": s["test_accuracy"],
+                     **{f"t_{t:g}": (math.nan if v is None else v) for t, v in sorted(reached.items())},
+                     "evals": [(e["t"], e["test_acc"]) if isinstance(e, dict) else (e[0], e[3])
+                               for e in s.get("evals") or []]})
+    for r in rows:  # each target's time against BSP's at the same n
+        bsp = next((b for b in rows if b["sync"] == "bsp" and b["workers"] == r["workers"]), None)
+        for key in [k for k in r if k.startswith("t_")]:
+            r[f"{key}_vs_bsp"] = r[key] / bsp[key] if bsp and bsp.get(key) and not math.isnan(bsp[key]) \
+                else math.nan
+    return rows
+
+
+def write_accuracy(out_dir: Path) -> None:
+    """``accuracy.csv``, ``accuracy.md`` and ``accuracy.png`` in `out_dir`."""
+    rows = accuracy_rows(out_dir)
+    columns = [c for c in rows[0] if c not in ("evals",)] if rows else []
+    with (out_dir / "accuracy.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    shown = [c for c in columns if c not in ("member", "sync")]
+    lines = ["| " + " | ".join(shown) + " |", "|" + "|".join("---" for _ in shown) + "|"]
+    lines += ["| " + " | ".join(_cell(r.get(c)) for c in shown) + " |" for r in rows]
+    (out_dir / "accuracy.md").write_text("\n".join(lines) + "\n")
+    accuracy_figure(rows, out_dir / "accuracy.png")
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return "—" if math.isnan(value) else f"{value:.3f}"
+    return "—" if value is None else str(value)
+
+
+def accuracy_figure(rows: list[dict], path: Path) -> None:
+    """Test accuracy against virtual time, one panel per number of workers, one line per model."""
+    from matplotlib.figure import Figure
+
+    from ..analysis.figures import PALETTE
+
+    sizes = sorted({r["workers"] for r in rows})
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    colour = {m: PALETTE[i % len(PALETTE)] for i, m in enumerate(models)}
+    fig = Figure(figsize=(4 * len(sizes), 3.8), layout="constrained")
+    axes = fig.subplots(1, len(sizes), sharey=True, squeeze=False)[0]
+    for ax, n in zip(axes, sizes, strict=True):
+        for r in (r for r in rows if r["workers"] == n):
+            ax.plot([t for t, _ in r["evals"]], [a for _, a in r["evals"]], color=colour[r["model"]],
+                    label=r["model"], lw=1.4)
+        ax.set_title(f"{n} workers (batch {next(r['batch'] for r in rows if r['workers'] == n)})", fontsize=10.5,
+                     loc="left")
+        ax.set_xlabel("virtual seconds")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("test accuracy")
+    axes[-1].legend(fontsize=8, loc="lower right")
+    fig.suptitle("Emulated training: test accuracy against virtual time", fontsize=12, fontweight="bold")
+    fig.savefig(path, dpi=80)
