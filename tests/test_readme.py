@@ -248,6 +248,8 @@ def test_a_readme_line_runs(line, workdir):
         assert summary["iterations"] == [expected] * summary["workers"], summary["iterations"]
         if summary["world_size"] > 1:  # the single-process trainer writes no trace
             assert (run / "trace" / f"rank-{summary['world_size'] - 1:04d}.h5").is_file()
+        if sub == "train" or "--train" in argv:  # real weights: a model, and its accuracy
+            assert (run / "model.h5").is_file() and 0 < summary["test_accuracy"] <= 1
     elif sub == "sweep":
         sweep = new_run(workdir, before)
         status = [m["status"] for m in json.loads((sweep / "sweep.json").read_text())["members"]]
