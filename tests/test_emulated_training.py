@@ -147,3 +147,18 @@ def test_a_sweep_with_real_weights_writes_the_accuracy_table_and_figure(tmp_path
     assert np.isnan(bsp["t_0.999"]) and np.isnan(asp["t_0.999_vs_bsp"])  # never reached
     assert len(bsp["evals"]) >= 15 and 0 < bsp["test_accuracy"] <= 1
     assert "| bsp | 4 |" in (out / "accuracy.md").read_text()
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("rule", ["scale", "dc"])
+def test_the_servers_staleness_rules_are_the_emulations(rule, tmp_path):
+    """Live ASP with two servers under a staleness rule; its exact replay applies the same rule to the
+    same pushes. The control, the same pushes under no rule, differs."""
+    live = tmp_path / "live"
+    rules = [f"optim.staleness={rule}", "optim.dc_lambda=2.0"]
+    p = train(6, live, "sync.model=asp", "runtime.servers=2", *rules, *LIVE, timeout=240)
+    assert p.returncode == 0, p.stderr
+    assert replay(live, tmp_path / "replay")["simulation"]["exact_replay"] is True
+    assert max_abs_difference(live, tmp_path / "replay") <= TOLERANCE
+    assert replay(live, tmp_path / "none", "optim.staleness=none")["simulation"]["exact_replay"] is True
+    assert max_abs_difference(live, tmp_path / "none") > 1e-3

@@ -25,6 +25,8 @@ from .. import build
 from ..nn.average import round_mean
 from ..nn.factors import rebuild_gradient
 from ..nn.kernels import all_finite
+from ..nn.staleness import StalenessRule
+from ..nn.versions import VersionStore
 from .hybrid import PS, SFB, ByteCounter, Stacked
 from .protocol import CHUNK_TAG0, PULL_TAG, PUSH, PUSH_FIELDS, PUSH_TAG, ProtocolError, Shard, header
 
@@ -101,6 +103,18 @@ class ShardStore:
         self.replies: list[PendingReply] = []
         self.current: np.ndarray | None = None  # the snapshot replies go out from until the shard changes
         self.free_snapshots: list[np.ndarray] = []  # neither current nor sent by a reply in flight
+        self._staleness(job)
+
+    def _staleness(self, job) -> None:
+        """optim.staleness (nn.staleness). DC-ASGD reads the weights each push was computed on: this
+        shard's part of every version a worker holds is kept (nn.versions), counted in local steps, so
+        that a resumed run needs none of it back. A BSP round is never stale: no versions kept."""
+        self.rule = StalenessRule(job.optim.staleness, job.optim.dc_lambda)
+        self.shard_view = self.params[self.lo:self.hi]
+        self.versions = VersionStore(self.shard_view) \
+            if self.rule.needs_pulled_weights and not self.round_based else None
+        self.held_by: list[int | None] = [None] * self.n  # the local version each worker computes on
+        self.dc_buf = np.empty_like(self.shard_view) if self.versions is not None else None
 
     def _make_receives(self, ctx, pushed) -> None:
         """One gradient buffer and header per worker, with persistent receives for every part of a push
@@ -180,7 +194,12 @@ class ShardStore:
             rebuild_gradient(self.factors.V[a.name][rows], self.factors.U[a.name][rows],
                              grad[a.params].reshape(a.d_in, a.d_out))
         lo, hi = self.lo, self.hi
-        self.opt.step(self.params[lo:hi], grad[lo:hi], self.lr_at(version), offset=lo)
+        used = int(self.headers[w][PUSH.version])  # the version the gradient was computed on
+        lr, step = self.rule.lr(self.lr_at(version), version - used + 1), grad[lo:hi]
+        if self.versions is not None:
+            step = self.rule.gradient(step, self.shard_view, self.versions.of(self.held_by[w]), self.dc_buf)
+            self.versions.changing(self.versions.version + 1)
+        self.opt.step(self.shard_view, step, lr, offset=lo)
 
     def apply_round(self, members: list[int], version: int, replies: list[PendingReply]) -> None:
         """BSP: the mean of the `members`' gradients, summed in worker order, as one optimizer step at
@@ -244,6 +263,8 @@ class ShardStore:
         from `buffer`. A worker's first reply holds every tensor; later ones leave out BSP's SFB layers."""
         if not stop:
             self.expect_push(w)
+        if self.versions is not None:
+            self._hold(w, stop)
         comm, rank = self.ctx.comm, self.ctx.worker_rank(w)
         requests = [] if head is None else [comm.Isend([head, MPI.DOUBLE], rank, PULL_TAG)]
         if send_weights:
@@ -254,6 +275,15 @@ class ShardStore:
         reply = PendingReply(w, requests, buffer, head)
         self.replies.append(reply)
         return reply
+
+    def _hold(self, w: int, stop: bool) -> None:
+        """`w` is answered: it lets go of the version it computed its last push on (applied or
+        rejected by now) and, unless it stops, holds the current one."""
+        if self.held_by[w] is not None:
+            self.versions.release(self.held_by[w])
+        self.held_by[w] = None if stop else self.versions.version
+        if not stop:
+            self.versions.hold(self.versions.version)
 
     def _count_sent(self, c) -> None:
         self.bytes.sent(self.chunk_tensor[c.tag - CHUNK_TAG0], PS, c.size * self.params.itemsize)
