@@ -17,35 +17,42 @@ import numpy as np
 
 from . import build
 from .backend import resolve_backend
-from .checkpoint import Checkpoint, plan_digest, read_checkpoint, write_checkpoint
+from .checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from .config import JobConfig, to_dict
 from .nn.average import round_mean
 from .outputs import AccuracyTargets, build_summary, write_model, write_summary
 from .progress import Progress
+from .run_description import describe, read_osdp_plan
 
 log = logging.getLogger(__name__)
 
 
-def train(job: JobConfig, run_dir: Path, workers: int, show_progress: bool = True, resume: bool = False) -> dict:
+def train(job: JobConfig, run_dir: Path, workers: int, show_progress: bool = True, resume: bool = False,
+          plan=build.FROM_JOB) -> dict:
     """Train until a stop condition; write ``summary.json`` and ``model.h5`` into `run_dir`.
 
     Checkpoints go to ``run_dir/checkpoint.h5`` every ``checkpoint.every_seconds``, at the end, and on
-    SIGTERM (which ends the run there). With `resume`, the run continues from that checkpoint.
+    SIGTERM (which ends the run there). With `resume`, the run continues from that checkpoint. `plan`:
+    the job's OSDP plan as the command line read it (``run_description.read_osdp_plan``), by default
+    read here.
 
     Returns
     -------
     dict
         The summary (also written to ``run_dir/summary.json``).
     """
+    if plan is build.FROM_JOB:
+        plan = read_osdp_plan(job)
+    description = describe(job, workers, plan)
     backend = resolve_backend(job.backend)
     xp = backend.xp
-    ds = build.dataset(job)
-    model = build.model(job, ds, xp=xp)
+    ds = description.dataset
+    model = description.model(xp=xp)
     space = model.space
     opt = build.optimizer(job, space.size, xp=xp)
     lr_at = build.schedule(job)
-    streams = [build.batch_stream(job, ds, w, workers) for w in range(workers)]
-    limit = build.iteration_limit(job, streams[0].batches_per_epoch)
+    streams = [description.batch_stream(w) for w in range(workers)]
+    limit = description.limits[0]
     # one gradient per worker, as the server holds them; a single worker's is the model's own buffer
     grads = [space.grad] if workers == 1 else [xp.empty_like(space.grad) for _ in range(workers)]
     mean_buf = xp.empty_like(space.grad) if workers > 1 else None
@@ -69,7 +76,7 @@ def train(job: JobConfig, run_dir: Path, workers: int, show_progress: bool = Tru
             stream.seek(step)
         log.info("resumed from the checkpoint at %.1f s, step %d", resumed_at, step)
 
-    plan_sha256 = plan_digest(to_dict(job))  # the OSDP plan as the run started with it
+    plan_sha256 = description.plan_sha256  # the OSDP plan as the run started with it
 
     def checkpoint(t: float) -> None:
         write_checkpoint(run_dir, Checkpoint(

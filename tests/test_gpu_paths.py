@@ -134,12 +134,12 @@ def make_worker(tmp_path, *overrides):
     """Worker 0 (rank 1 of 3, one server) of a small MLP job on the fake device, chunks of 1 KiB."""
     from ebsp_mpi.config import load_job
     from ebsp_mpi.runtime.comm import Context
-    from ebsp_mpi.runtime.worker import Worker
+    from ebsp_mpi.runtime.launch import make_role
 
     job = load_job(None, ["backend=cupy", "trace.enabled=false", "runtime.chunk_bytes=1024", *overrides])
     comm = RecordingComm()
     ctx = Context(comm=comm, rank=1, size=3, local_rank=1, factor_comm=RecordingComm())
-    return Worker(ctx, job, tmp_path), comm
+    return make_role(ctx, job, tmp_path), comm
 
 
 def push_once(worker):

@@ -75,9 +75,9 @@ def _started_server(ctx, job, run_dir):
     """Rank 0's server with every worker's initial weights sent (its loop not started)."""
     from pathlib import Path
 
-    from ebsp_mpi.runtime.server import Server
+    from ebsp_mpi.runtime.launch import make_role
 
-    server = Server(ctx, job, Path(run_dir), show_progress=False)
+    server = make_role(ctx, job, Path(run_dir), show_progress=False)
     server._carry_out(server.coordinator.start(0.0), 0.0)
     return server
 
@@ -112,9 +112,9 @@ def _worker_with_weights(ctx, job, run_dir):
 
     from mpi4py import MPI
 
-    from ebsp_mpi.runtime.worker import Worker
+    from ebsp_mpi.runtime.launch import make_role
 
-    worker = Worker(ctx, job, Path(run_dir))
+    worker = make_role(ctx, job, Path(run_dir))
     MPI.Prequest.Startall(worker.pulls)
     MPI.Request.Waitall(worker.pulls)
     return worker

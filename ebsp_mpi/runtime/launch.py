@@ -25,19 +25,23 @@ from pathlib import Path
 
 import numpy as np
 
+from ..build import FROM_JOB
 from ..checkpoint import Checkpoint, read_checkpoint
 from ..config import JobConfig
 from ..errors import UsageError
 from ..outputs import describe_run, make_run_dir, remove_if_unused, training_failed
+from ..run_description import describe, read_osdp_plan
 from . import comm as mpi
 from .env import world_size_from_env
 
 log = logging.getLogger(__name__)
 
 
-def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True, resume: bool = False) -> int:
+def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True, resume: bool = False,
+            plan=FROM_JOB) -> int:
     """Run this rank's part of the job; returns the process exit code. With `resume`, `out` is the run
-    directory of a run to continue from its checkpoint."""
+    directory of a run to continue from its checkpoint. `plan`: the job's OSDP plan as already read
+    (``run_description.read_osdp_plan``), by default read here."""
     world, announced = mpi.MPI.COMM_WORLD.Get_size(), world_size_from_env()
     if world != announced:  # srun --mpi=none, say: every task an MPI job of its own, each one's rank 0
         raise UsageError(f"the launcher started {announced} processes, but MPI sees a world of {world}: the "
@@ -59,7 +63,7 @@ def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True, resume:
         run_dir, ckpt = _run_dir(ctx, job, out, resume)
         if ckpt is not None:
             resumed_at = ckpt.run_seconds
-        role = make_role(ctx, job, run_dir, ckpt, show_progress)
+        role = make_role(ctx, job, run_dir, ckpt, show_progress, plan=plan)
     except Exception as e:  # noqa: BLE001 - every rank reports its set-up outcome, whatever it was
         error = (2, f"{e}") if isinstance(e, (UsageError, FileExistsError)) else \
             (1, f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
@@ -99,22 +103,28 @@ def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True, resume:
 
 
 def make_role(ctx, job: JobConfig, run_dir: Path, ckpt: Checkpoint | None = None, show_progress: bool = True,
-              worker_class=None):
+              worker_class=None, plan=FROM_JOB):
     """This rank's part of the job, ready to ``run()``: rank 0 the server and scheduler, ranks
     1..k-1 the other servers (``runtime.servers = k``), the rest workers (`worker_class`, default
-    ``Worker``: a benchmark may pass its own). With `ckpt`, each continues from the checkpoint."""
+    ``Worker``: a benchmark may pass its own). With `ckpt`, each continues from the checkpoint.
+
+    The job is resolved here once into the run every role works from (``RunDescription``); `plan` is
+    its OSDP plan as the command line read it (``read_osdp_plan``), by default read here."""
+    if plan is FROM_JOB:
+        plan = read_osdp_plan(job)
+    description = describe(job, ctx.workers, plan)
     if ctx.rank == 0:
         from .server import Server
 
-        return Server(ctx, job, run_dir, show_progress=show_progress, resume=ckpt)
+        return Server(ctx, description, run_dir, show_progress=show_progress, resume=ckpt)
     if ctx.is_server:
         from .shard_server import ShardServer
 
-        return ShardServer(ctx, job, run_dir, resume=ckpt)
+        return ShardServer(ctx, description, run_dir, resume=ckpt)
     from .worker import Worker
 
     start = 0 if ckpt is None else int(ckpt.iterations[ctx.worker_of(ctx.rank)])
-    return (worker_class or Worker)(ctx, job, run_dir, start_iteration=start)
+    return (worker_class or Worker)(ctx, description, run_dir, start_iteration=start)
 
 
 def _run_dir(ctx, job: JobConfig, out: str | None, resume: bool) -> tuple[Path, Checkpoint | None]:

@@ -25,9 +25,8 @@ import logging
 import numpy as np
 from mpi4py import MPI
 
-from .. import build
-from ..checkpoint import LAST_LOSS, TOTALS, Checkpoint, plan_digest, write_checkpoint
-from ..config import JobConfig, to_dict
+from ..checkpoint import LAST_LOSS, TOTALS, Checkpoint, write_checkpoint
+from ..config import to_dict
 from ..errors import UsageError
 from ..outputs import AccuracyTargets, build_summary, write_model, write_summary
 from ..progress import Progress
@@ -49,16 +48,17 @@ log = logging.getLogger(__name__)
 class Server:
     """Serve one training run; :meth:`run` returns the summary (also written to ``summary.json``)."""
 
-    def __init__(self, ctx: Context, job: JobConfig, run_dir, show_progress: bool = True,
+    def __init__(self, ctx: Context, description, run_dir, show_progress: bool = True,
                  resume: Checkpoint | None = None):
-        self.ctx, self.job, self.run_dir = ctx, job, run_dir
+        job = description.job
+        self.ctx, self.job, self.run_dir, self.description = ctx, job, run_dir, description
         n = self.n = ctx.workers
-        self.ds = build.dataset(job)
-        model = build.model(job, self.ds)  # the server's copy: parameters, layout, init from the seed
+        self.ds = description.dataset
+        model = description.model()  # the server's copy: parameters, layout, init from the seed
         self.space = model.space
         self.params = model.space.data
         self.policy = make_policy(job.sync, n, seed=job.seed)
-        self.layout = make_layout(ctx, job, model)
+        self.layout = make_layout(ctx, job, model, description.plan_doc)
         self.store = ShardStore(ctx, job, self.params, self.layout, 0, self.policy.round_based)
         self.opt = self.store.opt
         self.peers = PeerServers(ctx, self.layout, job.runtime.stall_timeout_s)
@@ -67,8 +67,7 @@ class Server:
         # evaluation, checkpoints and model.h5 read the whole model: with several servers, gathered
         self.whole = self.params if ctx.servers == 1 else np.empty_like(self.params)
         self.whole_velocity = self.opt.velocity if ctx.servers == 1 else np.empty_like(self.opt.velocity)
-        self.limits = [build.iteration_limit(job, build.batch_stream(job, self.ds, w, n).batches_per_epoch)
-                       for w in range(n)]
+        self.limits = list(description.limits)
         self.sfb_bsp = self.layout.sfb_bsp
         if self.sfb_bsp:  # every replica applies the same rounds: all must stop at the same one
             self.limits = [None if None in self.limits else min(self.limits)] * n
@@ -80,8 +79,7 @@ class Server:
                      ", ".join(a.name for a in self.layout.sfb))
         if ctx.servers > 1:
             log.info("runtime.servers = %d: %s", ctx.servers, self.layout.describe())
-        self.evaluator = Evaluator(build.model(job, self.ds), self.ds.x_test, self.ds.y_test,
-                                   job.eval.batch_size)
+        self.evaluator = Evaluator(description.model(), self.ds.x_test, self.ds.y_test, job.eval.batch_size)
         self.targets = AccuracyTargets(list(job.eval.targets))
         self.last_eval = (None, None)  # (test loss, test accuracy) of the latest evaluation
         self.evals: list[tuple] = []  # (t, version, test loss, test accuracy) of every evaluation
@@ -96,7 +94,7 @@ class Server:
         self.resumed_totals = {name: np.zeros(n) for name in TOTALS}
         self.flush_asked = np.zeros(n, dtype=bool)  # a checkpoint was written: flush your trace
         self.next_checkpoint = job.checkpoint.every_seconds or np.inf
-        self.plan_sha256 = plan_digest(to_dict(job))  # the OSDP plan as the run started with it
+        self.plan_sha256 = description.plan_sha256  # the OSDP plan as the run started with it
         self.trace = open_rank_trace(ctx, job, run_dir, role="server", backend="numpy", device="cpu",
                                      append=resume is not None)
         self.trace.set_attrs(**self.layout.as_attrs())
@@ -112,7 +110,7 @@ class Server:
         job, backoff = self.job, self.ctx.backoff()
         log.info("server: %s with %d workers, %d parameters in %d messages per push, stop at %s iterations",
                  self.policy.name, self.n, self.space.size, len(self.layout.chunks), self.limits)
-        if job.osdp.plan and self.ctx.any_oversubscribed:
+        if self.description.plan is not None and self.ctx.any_oversubscribed:
             log.warning("osdp: ranks share cores: the plan's predicted iteration time assumes a core per rank "
                         "(docs/osdp.md)")
         self.trace.set_attrs(clock_offset_s=0.0)
@@ -367,13 +365,10 @@ class Server:
 
     def _osdp(self, stats: list[dict]) -> dict | None:
         """With an OSDP plan: its prediction beside what each worker measured (``runtime.peak``)."""
-        if not self.job.osdp.plan:
+        plan = self.description.plan
+        if plan is None:
             return None
-        from ..plan.osdp_files import read_plan
-
-        predicted = read_plan(self.job.osdp.plan).get("predicted", {})
-        return {"plan": self.job.osdp.plan, "ranks_share_cores": self.ctx.any_oversubscribed,
-                "predicted": {"peak_bytes": predicted.get("peak_bytes"), "iteration_s": predicted.get("iteration_s")},
+        return {"plan": plan.path, "ranks_share_cores": self.ctx.any_oversubscribed, "predicted": plan.predicted,
                 "measured": {key: [s["osdp"][key] for s in stats]
                              for key in ("peak_bytes", "iteration_s", "transfer_wait_s", "transfer_messages")}}
 

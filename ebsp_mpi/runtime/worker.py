@@ -40,8 +40,6 @@ from ..config import JobConfig
 from ..nn.factors import FactorSpace, rebuild_gradient
 from ..nn.kernels import all_finite, warm_up
 from ..nn.ondemand import OnDemandStep
-from ..plan.osdp_files import read_plan
-from ..plan.osdp_schedule import on_demand_tensors
 from ..straggler import straggler_model
 from .comm import Context, Silence, open_rank_trace, wait_all
 from .faults import fault_for
@@ -55,19 +53,20 @@ log = logging.getLogger(__name__)
 
 
 class Worker:
-    """Worker ``ctx.worker_of(ctx.rank)`` of a run; :meth:`run` returns its statistics for the summary."""
+    """Worker ``ctx.worker_of(ctx.rank)`` of a run (a ``RunDescription``); :meth:`run` returns its
+    statistics for the summary."""
 
-    def __init__(self, ctx: Context, job: JobConfig, run_dir, start_iteration: int = 0):
-        self.ctx, self.job, self.run_dir = ctx, job, run_dir
+    def __init__(self, ctx: Context, description, run_dir, start_iteration: int = 0):
+        job = description.job
+        self.ctx, self.job, self.run_dir, self.description = ctx, job, run_dir, description
         self.index = ctx.worker_of(ctx.rank)
         self.start_iteration = start_iteration  # > 0: a resumed run, from the checkpoint's count
         self.backend = resolve_backend(job.backend, local_rank=ctx.local_rank)
-        self.ds = build.dataset(job)
-        on_demand = on_demand_tensors(read_plan(job.osdp.plan) if job.osdp.plan else None)
+        self.ds = description.dataset
         # from here on, what the worker allocates counts towards the peak a plan predicts
-        self.peak = PeakMemory(self.backend) if job.osdp.plan else None
-        self.model = build.model(job, self.ds, xp=self.backend.xp, on_demand=on_demand)
-        self.stream = build.batch_stream(job, self.ds, self.index, ctx.workers)
+        self.peak = PeakMemory(self.backend) if description.plan is not None else None
+        self.model = description.model(xp=self.backend.xp, on_demand=True)
+        self.stream = description.batch_stream(self.index)
         self.stream.seek(start_iteration)  # batches and jitter follow from the iteration: nothing else to restore
         self.straggler = straggler_model(job.straggler, ctx.workers, job.seed)
         space = self.model.space
@@ -77,7 +76,7 @@ class Worker:
         self.grad_buf = space.grad if direct else np.empty(space.grad.size, dtype=np.float32)
         self.staged = not direct
         warm_up()  # the NaN/Inf check of every pushed chunk: compiled now, not in the first (timed) push
-        self.layout = layout = make_layout(ctx, job, self.model)
+        self.layout = layout = make_layout(ctx, job, self.model, description.plan_doc)
         chunks, owner = layout.chunks, layout.owner
         self.chunk_elems = layout.chunk_bytes // self.grad_buf.itemsize
         comm = ctx.comm
