@@ -115,8 +115,7 @@ def _worker_with_weights(ctx, job, run_dir):
     from ebsp_mpi.runtime.launch import make_role
 
     worker = make_role(ctx, job, Path(run_dir))
-    MPI.Prequest.Startall(worker.pulls)
-    MPI.Request.Waitall(worker.pulls)
+    MPI.Request.Waitall(worker.dense.start_first_pull().requests)
     return worker
 
 
