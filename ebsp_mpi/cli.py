@@ -224,13 +224,13 @@ def _train(args) -> int:
         run_mpi = _start_mpi()
         return run_mpi(job, out, show_progress=not args.quiet, resume=bool(args.resume), plan=plan)
 
-    from . import local
+    from . import reference
     from .outputs import describe_run, make_run_dir, remove_if_unused, training_failed
 
     run_dir = make_run_dir(out, job.name, resume=bool(args.resume))
     try:
-        summary = local.train(job, run_dir, workers, show_progress=not args.quiet, resume=bool(args.resume),
-                              plan=plan)
+        summary = reference.train(job, run_dir, workers, show_progress=not args.quiet, resume=bool(args.resume),
+                                  plan=plan)
     except UsageError:
         remove_if_unused(run_dir)  # bad input found while setting up: leave no empty run behind
         raise

@@ -46,7 +46,7 @@ def test_node_local_ranks_are_distinct_on_one_node(ctx):
 
 def test_bsp_run_in_process_equals_the_single_process_oracle(ctx):
     """The whole runtime (server loop, persistent requests, policies) under pytest-mpi."""
-    from ebsp_mpi import local
+    from ebsp_mpi import reference
     from ebsp_mpi.config import load_job
     from ebsp_mpi.outputs import read_model
     from ebsp_mpi.runtime.launch import run_mpi
@@ -61,7 +61,7 @@ def test_bsp_run_in_process_equals_the_single_process_oracle(ctx):
 
         oracle_dir = Path(base) / "oracle"
         oracle_dir.mkdir()
-        local.train(load_job(None, overrides + [f"sync.workers={ctx.workers}"]), oracle_dir, ctx.workers,
+        reference.train(load_job(None, overrides + [f"sync.workers={ctx.workers}"]), oracle_dir, ctx.workers,
                     show_progress=False)
         a, _ = read_model(Path(base) / "mpi" / "model.h5")
         b, _ = read_model(oracle_dir / "model.h5")
