@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -95,16 +96,20 @@ class RunDescription:
     dataset : Dataset
     plan : OsdpPlan or None
         The OSDP plan, read once (None: every layer resident).
-    limits : tuple of (int or None)
-        Per worker, its iterations before it stops (``stop.iterations``, ``stop.epochs``); None: only a
-        time limit.
     """
 
     job: JobConfig
     workers: int
     dataset: Dataset
     plan: OsdpPlan | None
-    limits: tuple[int | None, ...]
+
+    @cached_property
+    def limits(self) -> tuple[int | None, ...]:
+        """Per worker, its iterations before it stops (``stop.iterations``, ``stop.epochs``); None: only a
+        time limit. Worked out when first asked, after the model is built: a model that does not suit
+        the data is the error a user should see first, before a shard too small for a batch."""
+        return tuple(build.iteration_limit(self.job, self.batch_stream(w).batches_per_epoch)
+                     for w in range(self.workers))
 
     @property
     def plan_doc(self) -> dict | None:
@@ -131,7 +136,4 @@ def describe(job: JobConfig, workers: int, plan: OsdpPlan | None) -> RunDescript
     """The run of `job` with `workers` workers and the plan already read (:func:`read_osdp_plan`):
     loads the dataset (the one slow part: call it where a failure is reported, e.g. in an MPI rank's
     set-up)."""
-    ds = build.dataset(job)
-    limits = tuple(build.iteration_limit(job, build.batch_stream(job, ds, w, workers).batches_per_epoch)
-                   for w in range(workers))
-    return RunDescription(job=job, workers=workers, dataset=ds, plan=plan, limits=limits)
+    return RunDescription(job=job, workers=workers, dataset=build.dataset(job), plan=plan)

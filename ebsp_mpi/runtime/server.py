@@ -15,7 +15,9 @@ in the same order and every reply, evaluation and checkpoint holds exactly the p
 on (docs/design.md, "Sharded servers"; the release rule holds with equality).
 
 The message loop polls (``Testsome``) instead of blocking, so that between messages it can evaluate the
-model one slice at a time, watch for stalled ranks, flush the trace and report progress.
+model one slice at a time, watch for stalled ranks, flush the trace and report progress. What it
+records (evaluations, checkpoints, the workers' totals, progress, the summary) is its ``Recorder``'s
+(``runtime.recorder``); OSDP's fetches are answered by a ``FetchServer`` (``runtime.fetch``).
 """
 
 from __future__ import annotations
