@@ -34,9 +34,15 @@ INIT_DRAW_BYTES = 8
 BUFFERS = 3
 
 
-def model(job: JobConfig, ds: Dataset, xp=np, dtype=np.float32, on_demand=frozenset()) -> Model:
+#: `plan` of :func:`model` and :func:`osdp_plan` when the caller holds no plan already read: read the
+#: file the job names (a run reads it once, ``run_description.read_osdp_plan``, and passes it)
+FROM_JOB = "read the job's osdp.plan"
+
+
+def model(job: JobConfig, ds: Dataset, xp=np, dtype=np.float32, on_demand=frozenset(), plan=FROM_JOB) -> Model:
     """The job's model for dataset ``ds``, initialised from ``job.seed``; the tensors in `on_demand`
-    (an OSDP worker's on-demand layers) are left out of its ``ParamSpace`` buffers.
+    (an OSDP worker's on-demand layers) are left out of its ``ParamSpace`` buffers. `plan`: the job's
+    OSDP plan as read (None: it names none), checked against the model here.
 
     Raises
     ------
@@ -51,13 +57,14 @@ def model(job: JobConfig, ds: Dataset, xp=np, dtype=np.float32, on_demand=frozen
     built = build_model(m.kind, ds.input_shape, ds.num_classes, hidden=tuple(m.hidden),
                         channels=tuple(m.channels), xp=xp, dtype=dtype, seed=job.seed,
                         resident=[s.name for s in specs if s.name not in on_demand] if on_demand else None)
-    check_memory_limit(job, built, osdp_plan(job, built))  # one line here, on every rank, before training
+    check_memory_limit(job, built, osdp_plan(job, built, plan))  # one line here, on every rank, before training
     return built
 
 
-def osdp_plan(job: JobConfig, model: Model) -> dict | None:
+def osdp_plan(job: JobConfig, model: Model, plan=FROM_JOB) -> dict | None:
     """The OSDP plan the job names (``osdp.plan``), checked against `model` and ``data.batch_size``;
-    None when it names none (every layer resident).
+    None when it names none (every layer resident). `plan`: its contents as already read (by default
+    read here).
 
     Raises
     ------
@@ -69,7 +76,8 @@ def osdp_plan(job: JobConfig, model: Model) -> dict | None:
     from .plan.osdp_files import check_plan, model_layers, read_plan
 
     where = f"osdp.plan = {job.osdp.plan!r}"
-    plan = read_plan(job.osdp.plan)
+    if plan is FROM_JOB:
+        plan = read_plan(job.osdp.plan)
     check_plan(plan, model_layers(model), job.data.batch_size, where)
     return plan
 

@@ -170,7 +170,6 @@ def resume_job(run_dir, job_file: str | None, overrides) -> tuple[JobConfig, Che
         saved = job_from_dict(ckpt.config, source)
     except ConfigError as e:
         raise UsageError(f"--resume {run_dir}: the checkpoint's job does not load: {e}") from None
-    _check_plan_unchanged(run_dir, ckpt)
     if job_file is None and not overrides:
         return saved, ckpt
     given = load_job(job_file, overrides) if job_file is not None else \
@@ -183,18 +182,18 @@ def resume_job(run_dir, job_file: str | None, overrides) -> tuple[JobConfig, Che
     return given, ckpt
 
 
-def _check_plan_unchanged(run_dir, ckpt: Checkpoint) -> None:
-    """The OSDP plan file a resumed run reads must be the one the run trained with: the same path
-    with other contents would place other layers on demand, or slice them otherwise."""
+def check_plan_unchanged(run_dir, ckpt: Checkpoint, sha256: str) -> None:
+    """The OSDP plan file a resumed run reads (its SHA-256 now: `sha256`) must be the one the run
+    trained with: the same path with other contents would place other layers on demand, or slice them
+    otherwise."""
     plan = (ckpt.config.get("osdp") or {}).get("plan") or ""
     if not plan or not ckpt.plan_sha256:  # no plan, or a checkpoint of format 1
         return
-    now = plan_digest(ckpt.config)
-    if not now:
+    if not sha256:
         raise UsageError(f"--resume {run_dir}: osdp.plan = {plan!r}, the plan the run trained with, cannot be read")
-    if now != ckpt.plan_sha256:
+    if sha256 != ckpt.plan_sha256:
         raise UsageError(f"--resume {run_dir}: osdp.plan = {plan!r} has changed since the checkpoint (SHA-256 "
-                         f"{ckpt.plan_sha256[:12]}... then, {now[:12]}... now); put back the plan the run trained "
+                         f"{ckpt.plan_sha256[:12]}... then, {sha256[:12]}... now); put back the plan the run trained "
                          f"with, or start a new run with this one")
 
 

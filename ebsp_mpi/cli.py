@@ -102,12 +102,21 @@ def _config(args) -> int:
 
 
 def _resumed_job(args, world_size: int):
-    """The job of the run that ``--resume DIR`` continues, and its workers (those of the checkpoint)."""
-    from .checkpoint import resume_job
+    """The job of the run that ``--resume DIR`` continues, its workers (those of the checkpoint), and its
+    OSDP plan as read (the one the run trained with)."""
+    from .checkpoint import check_plan_unchanged, resume_job
+    from .run_description import read_osdp_plan
 
     if args.out:
         raise UsageError("--resume DIR continues the run in DIR: give no --out")
     job, ckpt = resume_job(args.resume, args.job, args.overrides)
+    try:
+        plan = read_osdp_plan(job)
+    except UsageError:  # gone or damaged: the check names the plan the run needs, if the checkpoint knows it
+        if not ckpt.plan_sha256:
+            raise
+        plan = None
+    check_plan_unchanged(args.resume, ckpt, plan.sha256 if plan is not None else "")
     workers = check_workers(job, world_size)
     if workers != len(ckpt.iterations):
         ranks = len(ckpt.iterations) + job.runtime.servers
@@ -117,7 +126,7 @@ def _resumed_job(args, world_size: int):
     left = work_left(job, ckpt)
     if left is not None:
         raise UsageError(f"--resume {args.resume}: nothing left to do: {left}; its files stay as they are")
-    return job, workers
+    return job, workers, plan
 
 
 def work_left(job, ckpt) -> str | None:
@@ -147,17 +156,12 @@ def work_left(job, ckpt) -> str | None:
             f"{'stop.iterations' if stop.iterations else 'stop.epochs'} to train on")
 
 
-def _check_on_demand_layers(job, world_size: int) -> None:
+def _check_on_demand_layers(job, plan, world_size: int) -> None:
     """A plan that fetches layers on demand runs under mpiexec, with every gradient through the servers
     (docs/osdp.md): anything else is one line here, before any rank builds a model."""
-    if not job.osdp.plan:
+    if plan is None or not plan.fetched_layers:
         return
-    from .plan.osdp_files import read_plan
-
-    fetched = [layer["name"] for layer in read_plan(job.osdp.plan)["layers"] if layer["mode"] == "on-demand"]
-    if not fetched:
-        return
-    where = f"osdp.plan = {job.osdp.plan!r} fetches {', '.join(fetched)} on demand"
+    where = f"osdp.plan = {job.osdp.plan!r} fetches {', '.join(plan.fetched_layers)} on demand"
     if world_size == 1:
         raise UsageError(f"{where} from a parameter server: run it under mpiexec, with a server and workers")
     if job.comm.hybrid != "ps":
@@ -201,28 +205,31 @@ def _start_mpi():
 
 
 def _train(args) -> int:
+    from .run_description import read_osdp_plan
     from .runtime.env import world_size_from_env
     from .runtime.faults import FAULT_ENV, parse_fault
 
     world_size = world_size_from_env()
     if args.resume:
-        job, workers = _resumed_job(args, world_size)
+        job, workers, plan = _resumed_job(args, world_size)
     else:
         job = load_job(args.job, args.overrides)
         workers = check_workers(job, world_size)
+        plan = read_osdp_plan(job)  # the one read of the plan file in this process: passed down from here
     parse_fault(os.environ.get(FAULT_ENV, ""), world_size)  # a bad value is one line here, not a rank's crash
-    _check_on_demand_layers(job, world_size)
+    _check_on_demand_layers(job, plan, world_size)
     out = args.resume or args.out
     if world_size > 1:
         run_mpi = _start_mpi()
-        return run_mpi(job, out, show_progress=not args.quiet, resume=bool(args.resume))
+        return run_mpi(job, out, show_progress=not args.quiet, resume=bool(args.resume), plan=plan)
 
-    from . import local
+    from . import reference
     from .outputs import describe_run, make_run_dir, remove_if_unused, training_failed
 
     run_dir = make_run_dir(out, job.name, resume=bool(args.resume))
     try:
-        summary = local.train(job, run_dir, workers, show_progress=not args.quiet, resume=bool(args.resume))
+        summary = reference.train(job, run_dir, workers, show_progress=not args.quiet, resume=bool(args.resume),
+                                  plan=plan)
     except UsageError:
         remove_if_unused(run_dir)  # bad input found while setting up: leave no empty run behind
         raise

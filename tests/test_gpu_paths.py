@@ -134,19 +134,19 @@ def make_worker(tmp_path, *overrides):
     """Worker 0 (rank 1 of 3, one server) of a small MLP job on the fake device, chunks of 1 KiB."""
     from ebsp_mpi.config import load_job
     from ebsp_mpi.runtime.comm import Context
-    from ebsp_mpi.runtime.worker import Worker
+    from ebsp_mpi.runtime.launch import make_role
 
     job = load_job(None, ["backend=cupy", "trace.enabled=false", "runtime.chunk_bytes=1024", *overrides])
     comm = RecordingComm()
     ctx = Context(comm=comm, rank=1, size=3, local_rank=1, factor_comm=RecordingComm())
-    return Worker(ctx, job, tmp_path), comm
+    return make_role(ctx, job, tmp_path), comm
 
 
 def push_once(worker):
     """One iteration's gradient and push of its chunks, as ``Worker.run`` does them; the number of
     chunk sends started before the backward pass returned."""
-    worker.started[:] = worker.sfb_chunk
-    worker.finite = True
+    worker.dense.begin_push()
+    worker.finite.reset()
     model, during = worker.model, []
     backward = model.loss_and_grad
 
@@ -157,33 +157,33 @@ def push_once(worker):
 
     model.loss_and_grad = watched
     worker.compute_gradient()
-    worker._push_chunks(range(len(worker.chunks)))
+    worker.dense.push_rest()
     return during[0]
 
 
 def chunk_sends(worker, comm):
-    chunk_requests = {id(r): k for k, r in enumerate(worker.pushes[:len(worker.chunks)])}
+    chunk_requests = {id(r): k for k, r in worker.dense.pushes.items()}
     return [(chunk_requests[id(e["request"])], e) for e in comm.log if id(e["request"]) in chunk_requests]
 
 
 @pytest.mark.parametrize("wfbp", [False, True], ids=["after-backward", "wait-free"])
 def test_a_staged_push_copies_each_chunk_to_the_host_before_its_send(device, tmp_path, wfbp):
     worker, comm = make_worker(tmp_path, f"runtime.wait_free_backprop={str(wfbp).lower()}")
-    assert worker.staged and len(worker.chunks) > 4
+    assert worker.buffers.staged and len(worker.dense.chunks) > 4
     # MPI touches host memory only: the mirrors, not the device's buffers
     assert all(type(r.buf) is np.ndarray for r in comm.requests)
-    assert type(worker.grad_buf) is np.ndarray and type(worker.params_buf) is np.ndarray
+    assert type(worker.buffers.grad) is np.ndarray and type(worker.buffers.params) is np.ndarray
     assert isinstance(worker.model.space.grad, device.ndarray)
-    worker.grad_buf[...] = np.nan  # what a send of a chunk not copied yet would carry
+    worker.buffers.grad[...] = np.nan  # what a send of a chunk not copied yet would carry
     before = device.state.d2h_bytes
     started_in_backward = push_once(worker)
     staged_bytes = device.state.d2h_bytes - before
     sends = chunk_sends(worker, comm)
-    assert sorted(k for k, _ in sends) == list(range(len(worker.chunks)))  # each chunk once
+    assert sorted(k for k, _ in sends) == list(range(len(worker.dense.chunks)))  # each chunk once
     grad = device.asnumpy(worker.model.space.grad)
     copied = before
     for k, e in sends:
-        c = worker.chunks[k]
+        c = worker.dense.chunks[k]
         np.testing.assert_array_equal(e["values"], grad[c.start:c.stop])  # the final gradient, copied
         copied += c.size * 4
         assert e["d2h_bytes"] >= copied  # by a device-to-host copy, not read from the device's memory
@@ -195,20 +195,22 @@ def test_a_staged_push_copies_each_chunk_to_the_host_before_its_send(device, tmp
 def test_cuda_aware_sends_read_the_device_buffers_after_a_synchronize(device, tmp_path, wfbp):
     worker, comm = make_worker(tmp_path, "runtime.cuda_aware_mpi=true",
                                f"runtime.wait_free_backprop={str(wfbp).lower()}")
-    assert not worker.staged
+    assert not worker.buffers.staged
     space = worker.model.space
-    chunk_bufs = [r.buf for r in worker.pushes[:len(worker.chunks)]] + [r.buf for r in worker.pulls[1:]]
+    pushes, pulls = list(worker.dense.pushes.values()), worker.dense.first.requests[1:]
+    chunk_bufs = [r.buf for r in pushes] + [r.buf for r in pulls]
     assert all(isinstance(b, device.ndarray) for b in chunk_bufs)  # MPI reads and writes the device
-    assert all(np.shares_memory(r.buf, space.grad) for r in worker.pushes[:len(worker.chunks)])
-    assert all(np.shares_memory(r.buf, space.data) for r in worker.pulls[1:])
+    assert all(np.shares_memory(r.buf, space.grad) for r in pushes)
+    assert all(np.shares_memory(r.buf, space.data) for r in pulls)
     before = device.state.d2h_bytes
     started_in_backward = push_once(worker)
     sends = chunk_sends(worker, comm)
-    assert sorted(k for k, _ in sends) == list(range(len(worker.chunks)))
+    assert sorted(k for k, _ in sends) == list(range(len(worker.dense.chunks)))
     assert not any(e["pending"] for _, e in sends)  # no kernel still writing what MPI reads
     grad = space.grad.view(np.ndarray)
     for k, e in sends:
-        np.testing.assert_array_equal(e["values"], grad[worker.chunks[k].start:worker.chunks[k].stop])
+        c = worker.dense.chunks[k]
+        np.testing.assert_array_equal(e["values"], grad[c.start:c.stop])
     assert device.state.d2h_bytes == before  # no staging copies
     assert (started_in_backward > 0) == wfbp
 
@@ -265,19 +267,21 @@ def test_bsp_with_factors_steps_the_layers_the_same_staged_or_on_the_device(devi
     for cuda_aware in ("false", "true"):
         worker, _ = make_worker(tmp_path / cuda_aware, "comm.hybrid=sfb", "sync.model=bsp",
                                 f"runtime.cuda_aware_mpi={cuda_aware}")
-        assert worker.sfb_bsp and worker.sfb
-        if worker.staged:  # the pulled weights, as the first pull leaves them in the host mirror
-            worker.params_buf[...] = device.asnumpy(worker.model.space.data)
-        worker.opt._fused_step = None  # a real device array gives Numba no buffer: the ufunc path
+        factors, buffers = worker.factors, worker.buffers
+        assert factors.bsp and factors.layers
+        if buffers.staged:  # the pulled weights, as the first pull leaves them in the host mirror
+            buffers.params[...] = device.asnumpy(worker.model.space.data)
+        factors.opt._fused_step = None  # a real device array gives Numba no buffer: the ufunc path
         rng = np.random.default_rng(1)
-        for a in worker.sfb:
-            worker.stacked.V[a.name][...] = rng.normal(size=worker.stacked.V[a.name].shape)
-            worker.stacked.U[a.name][...] = rng.normal(size=worker.stacked.U[a.name].shape)
-        worker.pull_header[len(PULL_FIELDS):] = 1  # both workers are members of the round
+        for a in factors.layers:
+            factors.stacked.V[a.name][...] = rng.normal(size=factors.stacked.V[a.name].shape)
+            factors.stacked.U[a.name][...] = rng.normal(size=factors.stacked.U[a.name].shape)
+        header = worker.dense.pull_header
+        header[len(PULL_FIELDS):] = 1  # both workers are members of the round
         before = device.asnumpy(worker.model.space.data)
-        worker._step_sfb_layers(0)
-        weights = worker.params_buf.copy() if worker.staged else device.asnumpy(worker.params_buf)
-        for a in worker.sfb:
+        factors.step(header, 0)
+        weights = buffers.params.copy() if buffers.staged else device.asnumpy(buffers.params)
+        for a in factors.layers:
             assert not np.array_equal(weights[a.params], before[a.params])  # the step was taken
         stepped[cuda_aware] = weights
     np.testing.assert_array_equal(stepped["true"], stepped["false"])

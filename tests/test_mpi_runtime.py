@@ -46,7 +46,7 @@ def test_node_local_ranks_are_distinct_on_one_node(ctx):
 
 def test_bsp_run_in_process_equals_the_single_process_oracle(ctx):
     """The whole runtime (server loop, persistent requests, policies) under pytest-mpi."""
-    from ebsp_mpi import local
+    from ebsp_mpi import reference
     from ebsp_mpi.config import load_job
     from ebsp_mpi.outputs import read_model
     from ebsp_mpi.runtime.launch import run_mpi
@@ -61,7 +61,7 @@ def test_bsp_run_in_process_equals_the_single_process_oracle(ctx):
 
         oracle_dir = Path(base) / "oracle"
         oracle_dir.mkdir()
-        local.train(load_job(None, overrides + [f"sync.workers={ctx.workers}"]), oracle_dir, ctx.workers,
+        reference.train(load_job(None, overrides + [f"sync.workers={ctx.workers}"]), oracle_dir, ctx.workers,
                     show_progress=False)
         a, _ = read_model(Path(base) / "mpi" / "model.h5")
         b, _ = read_model(oracle_dir / "model.h5")
@@ -75,9 +75,9 @@ def _started_server(ctx, job, run_dir):
     """Rank 0's server with every worker's initial weights sent (its loop not started)."""
     from pathlib import Path
 
-    from ebsp_mpi.runtime.server import Server
+    from ebsp_mpi.runtime.launch import make_role
 
-    server = Server(ctx, job, Path(run_dir), show_progress=False)
+    server = make_role(ctx, job, Path(run_dir), show_progress=False)
     server._carry_out(server.coordinator.start(0.0), 0.0)
     return server
 
@@ -112,11 +112,10 @@ def _worker_with_weights(ctx, job, run_dir):
 
     from mpi4py import MPI
 
-    from ebsp_mpi.runtime.worker import Worker
+    from ebsp_mpi.runtime.launch import make_role
 
-    worker = Worker(ctx, job, Path(run_dir))
-    MPI.Prequest.Startall(worker.pulls)
-    MPI.Request.Waitall(worker.pulls)
+    worker = make_role(ctx, job, Path(run_dir))
+    MPI.Request.Waitall(worker.dense.start_first_pull().requests)
     return worker
 
 

@@ -8,7 +8,7 @@ from ebsp_mpi.nn import build_model
 from ebsp_mpi.runtime import protocol
 from ebsp_mpi.runtime.protocol import (AUTO_CHUNK_BYTES, CHUNK_TAG0, PULL, PULL_FIELDS, PUSH, PUSH_FIELDS, STATS_TAG,
                                       ProtocolError, chunk_bytes_for, field_index, header, pack, plan_chunks)
-from ebsp_mpi.runtime.worker import _chunks_of_tensors
+from ebsp_mpi.runtime.wire_dense import _chunks_of_tensors
 
 
 def test_headers_are_written_and_read_by_field_name():

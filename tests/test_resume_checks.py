@@ -88,8 +88,8 @@ def test_a_launch_of_the_wrong_size_names_the_world_size_with_the_runs_servers(t
     args = argparse.Namespace(resume=str(tmp_path), out=None, job=None, overrides=[])
     with pytest.raises(UsageError, match=r"the run had 2 workers, this launch has 3; .*world size 4 under MPI"):
         _resumed_job(args, 5)
-    job, workers = _resumed_job(args, 4)
-    assert workers == 2 and job.runtime.servers == 2
+    job, workers, plan = _resumed_job(args, 4)
+    assert workers == 2 and job.runtime.servers == 2 and plan is None
 
 
 @pytest.mark.parametrize("overrides, iterations, run_seconds, left", [

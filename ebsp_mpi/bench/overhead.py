@@ -3,7 +3,7 @@ trainer on the same model, batch and data.
 
 ``mpiexec -n 2 python -m ebsp_mpi bench overhead``. The job: an MLP 784 -> 1024 -> 256 -> 10
 (1,068,810 parameters) on synthetic data, batch 64, momentum SGD, no stragglers, no periodic
-evaluation (``--set`` changes any of it). Rank 0 runs ``local.train`` (world size 1, one worker) while
+evaluation (``--set`` changes any of it). Rank 0 runs ``reference.train`` (world size 1, one worker) while
 rank 1 sleeps; then ranks 0 and 1 run the same job through the runtime (``Server`` + ``Worker``, BSP),
 with traces on as users run them and, with ``--traces both`` (the default), again with traces off.
 Each is repeated ``--reps`` times, alternately. The traces of the traced runs also tell where an
@@ -52,10 +52,10 @@ def _timings(spans: list[tuple[float, float]], warmup: int) -> tuple[float, floa
 def local_timing(job, warmup: int) -> tuple[float, float]:
     """Iteration period and forward + backward seconds (medians) of the single-process trainer on
     `job` (one worker)."""
-    from .. import local
+    from .. import reference
 
     with tempfile.TemporaryDirectory(prefix="ebsp-bench-local-") as path, gradient_clock() as spans:
-        local.train(job, Path(path), 1, show_progress=False)
+        reference.train(job, Path(path), 1, show_progress=False)
     return _timings(spans, warmup)
 
 

@@ -25,59 +25,36 @@ from pathlib import Path
 
 import numpy as np
 
+from ..build import FROM_JOB
 from ..checkpoint import Checkpoint, read_checkpoint
 from ..config import JobConfig
 from ..errors import UsageError
 from ..outputs import describe_run, make_run_dir, remove_if_unused, training_failed
+from ..run_description import describe, read_osdp_plan
 from . import comm as mpi
 from .env import world_size_from_env
 
 log = logging.getLogger(__name__)
 
 
-def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True, resume: bool = False) -> int:
+def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True, resume: bool = False,
+            plan=FROM_JOB) -> int:
     """Run this rank's part of the job; returns the process exit code. With `resume`, `out` is the run
-    directory of a run to continue from its checkpoint."""
-    world, announced = mpi.MPI.COMM_WORLD.Get_size(), world_size_from_env()
-    if world != announced:  # srun --mpi=none, say: every task an MPI job of its own, each one's rank 0
-        raise UsageError(f"the launcher started {announced} processes, but MPI sees a world of {world}: the "
-                         f"launcher and this MPI library do not speak the same process-management interface "
-                         f"(under srun: --mpi=$(python -m ebsp_mpi.slurm mpi); see slurm/README.md)")
-    ctx = mpi.setup()
-    ctx.servers = job.runtime.servers
-    if ctx.rank != 0:
-        logging.getLogger().setLevel(logging.WARNING)
-    # a launcher that kills the job when one rank dies may name only its PID: this maps PIDs to ranks;
-    # rank 0 watches every rank, the others the servers (see comm.watch_peers)
-    procs = ctx.comm.allgather((ctx.host, os.getpid()))
-    mpi.watch_peers(procs if ctx.rank == 0 else procs[:ctx.servers], ctx.servers)
-    if ctx.rank == 0:
-        log.info("ranks: %s", ", ".join(f"{r} ({ctx.role_of(r)}) pid {pid} on {host}"
-                                        for r, (host, pid) in enumerate(procs)))
+    directory of a run to continue from its checkpoint. `plan`: the job's OSDP plan as already read
+    (``run_description.read_osdp_plan``), by default read here."""
+    ctx = _start(job)
     role, error, resumed_at, run_dir = None, None, 0.0, None
     try:
         run_dir, ckpt = _run_dir(ctx, job, out, resume)
         if ckpt is not None:
             resumed_at = ckpt.run_seconds
-        role = make_role(ctx, job, run_dir, ckpt, show_progress)
+        role = make_role(ctx, job, run_dir, ckpt, show_progress, plan=plan)
     except Exception as e:  # noqa: BLE001 - every rank reports its set-up outcome, whatever it was
         error = (2, f"{e}") if isinstance(e, (UsageError, FileExistsError)) else \
             (1, f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
-    try:
-        codes = np.zeros(ctx.size, dtype=np.int32)
-        mpi.wait_collective(ctx, ctx.comm.Iallgather(np.array([error[0] if error else 0], np.int32), codes))
-    except BaseException as e:  # noqa: BLE001 - a peer died while this rank set up
-        mpi.abort(ctx, e)
-    if codes.any():
-        errors = ctx.comm.gather(error, root=0)  # every rank is alive: each has sent its code
-        if ctx.rank == 0 and not resume and run_dir is not None:
-            remove_if_unused(run_dir)  # leave no empty run behind
-        if ctx.rank == 0:
-            rank, (_, text) = next((r, e) for r, e in enumerate(errors) if e is not None)
-            where = ctx.role_of(rank)
-            print(f"ebsp_mpi: error on rank {rank} ({where}): {text}", file=sys.stderr)
-        return int(codes.max())
-
+    code = _set_up_outcome(ctx, error, run_dir if not resume else None)
+    if code:
+        return code
     try:
         mpi.restart_clock(ctx)
         ctx.t0 -= resumed_at  # a resumed run's clock goes on from its checkpoint
@@ -98,23 +75,70 @@ def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True, resume:
     return 0
 
 
+def _start(job: JobConfig):
+    """This rank's MPI context, once the launcher and MPI agree on the world; every rank's PID known
+    to the watchers of dead peers."""
+    world, announced = mpi.MPI.COMM_WORLD.Get_size(), world_size_from_env()
+    if world != announced:  # srun --mpi=none, say: every task an MPI job of its own, each one's rank 0
+        raise UsageError(f"the launcher started {announced} processes, but MPI sees a world of {world}: the "
+                         f"launcher and this MPI library do not speak the same process-management interface "
+                         f"(under srun: --mpi=$(python -m ebsp_mpi.slurm mpi); see slurm/README.md)")
+    ctx = mpi.setup()
+    ctx.servers = job.runtime.servers
+    if ctx.rank != 0:
+        logging.getLogger().setLevel(logging.WARNING)
+    # a launcher that kills the job when one rank dies may name only its PID: this maps PIDs to ranks;
+    # rank 0 watches every rank, the others the servers (see comm.watch_peers)
+    procs = ctx.comm.allgather((ctx.host, os.getpid()))
+    mpi.watch_peers(procs if ctx.rank == 0 else procs[:ctx.servers], ctx.servers)
+    if ctx.rank == 0:
+        log.info("ranks: %s", ", ".join(f"{r} ({ctx.role_of(r)}) pid {pid} on {host}"
+                                        for r, (host, pid) in enumerate(procs)))
+    return ctx
+
+
+def _set_up_outcome(ctx, error: tuple[int, str] | None, new_run_dir: Path | None) -> int:
+    """Every rank's set-up outcome, shared in one polled collective: 0 when all succeeded, else the
+    exit code (rank 0 prints the first error and removes `new_run_dir` if nothing was written to it)."""
+    try:
+        codes = np.zeros(ctx.size, dtype=np.int32)
+        mpi.wait_collective(ctx, ctx.comm.Iallgather(np.array([error[0] if error else 0], np.int32), codes))
+    except BaseException as e:  # noqa: BLE001 - a peer died while this rank set up
+        mpi.abort(ctx, e)
+    if not codes.any():
+        return 0
+    errors = ctx.comm.gather(error, root=0)  # every rank is alive: each has sent its code
+    if ctx.rank == 0:
+        if new_run_dir is not None:
+            remove_if_unused(new_run_dir)  # leave no empty run behind
+        rank, (_, text) = next((r, e) for r, e in enumerate(errors) if e is not None)
+        print(f"ebsp_mpi: error on rank {rank} ({ctx.role_of(rank)}): {text}", file=sys.stderr)
+    return int(codes.max())
+
+
 def make_role(ctx, job: JobConfig, run_dir: Path, ckpt: Checkpoint | None = None, show_progress: bool = True,
-              worker_class=None):
+              worker_class=None, plan=FROM_JOB):
     """This rank's part of the job, ready to ``run()``: rank 0 the server and scheduler, ranks
     1..k-1 the other servers (``runtime.servers = k``), the rest workers (`worker_class`, default
-    ``Worker``: a benchmark may pass its own). With `ckpt`, each continues from the checkpoint."""
+    ``Worker``: a benchmark may pass its own). With `ckpt`, each continues from the checkpoint.
+
+    The job is resolved here once into the run every role works from (``RunDescription``); `plan` is
+    its OSDP plan as the command line read it (``read_osdp_plan``), by default read here."""
+    if plan is FROM_JOB:
+        plan = read_osdp_plan(job)
+    description = describe(job, ctx.workers, plan)
     if ctx.rank == 0:
         from .server import Server
 
-        return Server(ctx, job, run_dir, show_progress=show_progress, resume=ckpt)
+        return Server(ctx, description, run_dir, show_progress=show_progress, resume=ckpt)
     if ctx.is_server:
         from .shard_server import ShardServer
 
-        return ShardServer(ctx, job, run_dir, resume=ckpt)
+        return ShardServer(ctx, description, run_dir, resume=ckpt)
     from .worker import Worker
 
     start = 0 if ckpt is None else int(ckpt.iterations[ctx.worker_of(ctx.rank)])
-    return (worker_class or Worker)(ctx, job, run_dir, start_iteration=start)
+    return (worker_class or Worker)(ctx, description, run_dir, start_iteration=start)
 
 
 def _run_dir(ctx, job: JobConfig, out: str | None, resume: bool) -> tuple[Path, Checkpoint | None]:

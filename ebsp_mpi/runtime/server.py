@@ -15,7 +15,9 @@ in the same order and every reply, evaluation and checkpoint holds exactly the p
 on (docs/design.md, "Sharded servers"; the release rule holds with equality).
 
 The message loop polls (``Testsome``) instead of blocking, so that between messages it can evaluate the
-model one slice at a time, watch for stalled ranks, flush the trace and report progress.
+model one slice at a time, watch for stalled ranks, flush the trace and report progress. What it
+records (evaluations, checkpoints, the workers' totals, progress, the summary) is its ``Recorder``'s
+(``runtime.recorder``); OSDP's fetches are answered by a ``FetchServer`` (``runtime.fetch``).
 """
 
 from __future__ import annotations
@@ -25,22 +27,18 @@ import logging
 import numpy as np
 from mpi4py import MPI
 
-from .. import build
-from ..checkpoint import LAST_LOSS, TOTALS, Checkpoint, plan_digest, write_checkpoint
-from ..config import JobConfig, to_dict
+from ..checkpoint import Checkpoint
 from ..errors import UsageError
-from ..outputs import AccuracyTargets, build_summary, write_model, write_summary
-from ..progress import Progress
 from ..sync.base import Record
 from ..sync.coordinator import Apply, Coordinator, Reject, Reply, Round
 from ..sync.registry import make_policy
-from .comm import HOUSEKEEPING_S, Context, KeepAlive, StallError, mpi_library, open_rank_trace, terminate_requested
-from .evaluator import Evaluator
+from .comm import HOUSEKEEPING_S, Context, KeepAlive, StallError, open_rank_trace, terminate_requested
 from .faults import fault_for
 from .fetch import FetchServer
 from .layout import make_layout
 from .peers import PeerServers
 from .protocol import PULL_FIELDS, PUSH, STATS_TAG, ApplyOrder, ProtocolError, ReplyOrder, RoundOrder, pack
+from .recorder import Recorder
 from .shard import ShardStore
 
 log = logging.getLogger(__name__)
@@ -49,16 +47,16 @@ log = logging.getLogger(__name__)
 class Server:
     """Serve one training run; :meth:`run` returns the summary (also written to ``summary.json``)."""
 
-    def __init__(self, ctx: Context, job: JobConfig, run_dir, show_progress: bool = True,
+    def __init__(self, ctx: Context, description, run_dir, show_progress: bool = True,
                  resume: Checkpoint | None = None):
-        self.ctx, self.job, self.run_dir = ctx, job, run_dir
+        job = description.job
+        self.ctx, self.job, self.run_dir, self.description = ctx, job, run_dir, description
         n = self.n = ctx.workers
-        self.ds = build.dataset(job)
-        model = build.model(job, self.ds)  # the server's copy: parameters, layout, init from the seed
+        model = description.model()  # the server's copy: parameters, layout, init from the seed
         self.space = model.space
         self.params = model.space.data
         self.policy = make_policy(job.sync, n, seed=job.seed)
-        self.layout = make_layout(ctx, job, model)
+        self.layout = make_layout(ctx, job, model, description.plan_doc)
         self.store = ShardStore(ctx, job, self.params, self.layout, 0, self.policy.round_based)
         self.opt = self.store.opt
         self.peers = PeerServers(ctx, self.layout, job.runtime.stall_timeout_s)
@@ -67,52 +65,41 @@ class Server:
         # evaluation, checkpoints and model.h5 read the whole model: with several servers, gathered
         self.whole = self.params if ctx.servers == 1 else np.empty_like(self.params)
         self.whole_velocity = self.opt.velocity if ctx.servers == 1 else np.empty_like(self.opt.velocity)
-        self.limits = [build.iteration_limit(job, build.batch_stream(job, self.ds, w, n).batches_per_epoch)
-                       for w in range(n)]
+        self.limits = list(description.limits)
         self.sfb_bsp = self.layout.sfb_bsp
         if self.sfb_bsp:  # every replica applies the same rounds: all must stop at the same one
             self.limits = [None if None in self.limits else min(self.limits)] * n
         self.coordinator = Coordinator(self.policy, self.limits, job.stop.seconds)
         self.reply_len = len(PULL_FIELDS) + (n if self.sfb_bsp else 0)  # BSP with SFB: the round's members
         self.round_mask = np.zeros(n)
-        if self.layout.sfb:
-            log.info("comm.hybrid = %s: sufficient factors for %s", job.comm.hybrid,
-                     ", ".join(a.name for a in self.layout.sfb))
-        if ctx.servers > 1:
-            log.info("runtime.servers = %d: %s", ctx.servers, self.layout.describe())
-        self.evaluator = Evaluator(build.model(job, self.ds), self.ds.x_test, self.ds.y_test,
-                                   job.eval.batch_size)
-        self.targets = AccuracyTargets(list(job.eval.targets))
-        self.last_eval = (None, None)  # (test loss, test accuracy) of the latest evaluation
-        self.evals: list[tuple] = []  # (t, version, test loss, test accuracy) of every evaluation
+        self._log_layout()
         self.pull_requested = np.zeros(n)  # when each worker's pending pull arrived (its push time)
         self.last_heard = np.zeros(n)
         self.alive = KeepAlive(ctx.comm, job.runtime.stall_timeout_s)  # to the workers whose pulls are held
-        self.last_loss = np.full(n, np.nan)
         self.stats: list[dict | None] = [None] * n  # what each worker reports once it has stopped
-        # per worker, seconds of compute, waiting and injected delay of its pushes taken in (from their
-        # headers), for checkpoints; and what a resumed run had done before this process started
-        self.totals = {name: np.zeros(n) for name in TOTALS}
-        self.resumed_totals = {name: np.zeros(n) for name in TOTALS}
         self.flush_asked = np.zeros(n, dtype=bool)  # a checkpoint was written: flush your trace
-        self.next_checkpoint = job.checkpoint.every_seconds or np.inf
-        self.plan_sha256 = plan_digest(to_dict(job))  # the OSDP plan as the run started with it
         self.trace = open_rank_trace(ctx, job, run_dir, role="server", backend="numpy", device="cpu",
                                      append=resume is not None)
         self.trace.set_attrs(**self.layout.as_attrs())
         self.fault = fault_for(0, ctx.size)  # EBSP_INJECT_FAULT, to test the failure paths
         if resume is not None:
             self._restore(resume)
-        total = sum(self.limits) if all(lim is not None for lim in self.limits) else None
-        self.progress = Progress(total, enabled=show_progress)
+        self.recorder = Recorder(ctx, description, run_dir, self.trace, self.limits, show_progress, resume)
+
+    def _log_layout(self) -> None:
+        if self.layout.sfb:
+            log.info("comm.hybrid = %s: sufficient factors for %s", self.job.comm.hybrid,
+                     ", ".join(a.name for a in self.layout.sfb))
+        if self.ctx.servers > 1:
+            log.info("runtime.servers = %d: %s", self.ctx.servers, self.layout.describe())
 
     # -- the run --------------------------------------------------------------------------------
 
     def run(self) -> dict:
-        job, backoff = self.job, self.ctx.backoff()
+        backoff = self.ctx.backoff()
         log.info("server: %s with %d workers, %d parameters in %d messages per push, stop at %s iterations",
                  self.policy.name, self.n, self.space.size, len(self.layout.chunks), self.limits)
-        if job.osdp.plan and self.ctx.any_oversubscribed:
+        if self.description.plan is not None and self.ctx.any_oversubscribed:
             log.warning("osdp: ranks share cores: the plan's predicted iteration time assumes a core per rank "
                         "(docs/osdp.md)")
         self.trace.set_attrs(clock_offset_s=0.0)
@@ -122,26 +109,21 @@ class Server:
             self.alive.told(self.ctx.worker_rank(w), t)
         self.pull_requested[:] = t
         self.peers.start(t)
-        self.next_checkpoint += t  # a resumed run's clock goes on from its checkpoint
+        self.recorder.record.start(t)  # a resumed run's clock goes on from its checkpoint
         self._carry_out(self.coordinator.start(t), t)
         next_housekeeping = 0.0
-        next_eval = t + job.eval.every_seconds
         while not self.coordinator.finished or self.store.replies:
             progressed = self._serve_pushes()
             if self.fetches is not None:
                 progressed |= self.fetches.take(self.last_heard, self.ctx.now())
             self.peers.flush(self.ctx.now())
             progressed |= self.store.complete_replies()
-            if self.evaluator.active:
-                self._eval_slice()
-                progressed = True
+            progressed |= self.recorder.evaluate_slice()
             now = self.ctx.now()
             if now >= next_housekeeping:
                 self._housekeeping(now)
                 next_housekeeping = now + HOUSEKEEPING_S
-            if now >= next_eval and not self.evaluator.active:
-                self.evaluator.start(self._whole_model(), self.coordinator.version, now)
-                next_eval = now + job.eval.every_seconds
+            self.recorder.maybe_start_eval(now, self.coordinator.version, self._whole_model)
             if progressed:
                 backoff.reset()
             else:
@@ -163,9 +145,7 @@ class Server:
         iteration, version_used = coordinator.pushes[w], int(head[PUSH.version])
         version_before = coordinator.version
         rejected = self.store.rejected(w, iteration)
-        for name in TOTALS:
-            self.totals[name][w] += head[getattr(PUSH, name)]
-        self.last_loss[w] = head[PUSH.loss]
+        self.recorder.pushed(w, head)
         self.pull_requested[w] = t
         self.trace.append("pushes", worker=w, iteration=iteration, t=t, version_before=version_before,
                           staleness=version_before - version_used, rejected=rejected)
@@ -200,7 +180,7 @@ class Server:
         self.round_mask[list(round_.members)] = 1.0  # the workers rebuild the SFB layers' mean from these
         replies = [self._reply(reply, self.params, t, send_weights=False) for reply in round_.replies]
         self.store.apply_round(list(round_.members), round_.version, replies)
-        if t >= self.next_checkpoint:  # between rounds is the one consistent point of BSP
+        if self.recorder.record.checkpoint_due(t):  # between rounds is the one consistent point of BSP
             self._checkpoint(t)
 
     def _reply(self, reply: Reply, buffer: np.ndarray, t: float, send_weights: bool = True):
@@ -228,20 +208,7 @@ class Server:
                               self.whole_velocity if velocity else None, self.ctx.backoff())
         return self.whole
 
-    # -- evaluation, watchdog, trace ------------------------------------------------------------
-
-    def _eval_slice(self) -> None:
-        result = self.evaluator.step()
-        if result is None:
-            return
-        t, version, loss, acc, seconds = result
-        self._record_eval(t, version, loss, acc, seconds)
-        self.last_eval = (loss, acc)
-
-    def _record_eval(self, t: float, version: int, loss: float, acc: float, seconds: float) -> None:
-        self.trace.append("evals", t=t, version=version, test_loss=loss, test_acc=acc, seconds=seconds)
-        self.evals.append((t, version, loss, acc))
-        self.targets.observe(t, acc)
+    # -- watchdog, keep-alives, other messages -------------------------------------------------
 
     def _housekeeping(self, now: float) -> None:
         self._watchdog(now)
@@ -250,13 +217,11 @@ class Server:
         if terminate_requested() and not self.coordinator.stopping:
             log.warning("SIGTERM: the run stops at each worker's next pull, after a checkpoint")
             self.coordinator.request_stop()
-        if now >= self.next_checkpoint and not self.policy.round_based:  # BSP's wait for the round's end
+        if self.recorder.record.checkpoint_due(now) and not self.policy.round_based:  # BSP's: at a round's end
             self._checkpoint(now)
         self._take_other_messages()
         self.trace.maybe_flush()
-        heard = self.last_loss[~np.isnan(self.last_loss)]
-        self.progress.update(sum(self.coordinator.pushes), loss=float(heard.mean()) if heard.size else None,
-                             test_acc=self.last_eval[1], version=self.coordinator.version)
+        self.recorder.show_progress(self.coordinator)
 
     def _watch_now(self) -> None:
         """The watchdogs, while the server waits for its own replies to complete."""
@@ -319,37 +284,20 @@ class Server:
     def _checkpoint(self, t: float, whole: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         """Write the run's state at run time `t` (``checkpoint.h5``; see ``ebsp_mpi.checkpoint``): the
         parameters and optimizer state `whole` already gathered as of now, or gathered here."""
-        c0, coordinator = self.ctx.now(), self.coordinator
         params, velocity = whole if whole is not None else (self._whole_model(velocity=True), self.whole_velocity)
-        # the trace first: a kill between the two must not leave pushes the checkpoint counts out of it
-        self.trace.flush()
-        write_checkpoint(self.run_dir, Checkpoint(
-            params=params, velocity=velocity, version=coordinator.version, run_seconds=t,
-            iterations=np.array(coordinator.pushes), totals={**self.totals, LAST_LOSS: self.last_loss},
-            rejected=coordinator.rejected,
-            policy=self.policy.state_dict(),
-            evals=self.evals, reached=self.targets.reached, config=to_dict(self.job), plan_sha256=self.plan_sha256))
-        log.info("checkpoint at %.1f s: version %d, %d pushes, written in %.2f s", t, coordinator.version,
-                 sum(coordinator.pushes), self.ctx.now() - c0)
-        every = self.job.checkpoint.every_seconds
-        self.next_checkpoint = t + every if every else np.inf
+        self.recorder.checkpoint(t, params, velocity, self.coordinator, self.policy)
         self.flush_asked[:] = True  # the workers flush theirs at their next reply
 
     def _restore(self, ckpt: Checkpoint) -> None:
-        """Continue from `ckpt`: the weights, optimizer state, counts, policy state and evaluations; the
-        trace loses what happened after the checkpoint (that work is done again)."""
+        """Continue from `ckpt`: the weights, optimizer state, counts and policy state (the recorder
+        takes its totals and evaluations); the trace loses what happened after the checkpoint (that
+        work is done again)."""
         if ckpt.params.shape != self.params.shape or len(ckpt.iterations) != self.n:
             raise UsageError(f"checkpoint of {ckpt.params.size} parameters and {len(ckpt.iterations)} workers; "
                              f"this job has {self.params.size} and {self.n}")
         self.params[...] = ckpt.params
         self.opt.velocity[...] = ckpt.velocity
         self.coordinator.restore(ckpt.version, ckpt.iterations, ckpt.rejected, ckpt.policy)
-        for name in TOTALS:
-            self.totals[name][...] = ckpt.totals[name]
-            self.resumed_totals[name][...] = ckpt.totals[name]
-        self.last_loss[...] = ckpt.totals[LAST_LOSS]
-        self.evals = [tuple(e) for e in ckpt.evals]
-        self.targets.reached.update(ckpt.reached)
         T = ckpt.run_seconds
         for table, column in (("pushes", "t"), ("pulls", "t_reply"), ("evals", "t"), ("zipline", "t")):
             self.trace.truncate(table, column, T)
@@ -359,39 +307,29 @@ class Server:
         log.info("resumed from the checkpoint at %.1f s: version %d, iterations %s", T, ckpt.version,
                  list(self.coordinator.pushes))
 
-    def _whole_run(self, stats: list[dict], key: str, total: str) -> list[float]:
-        """Per worker, `key` of its statistics plus what the run had done before a resume."""
-        return [s[key] + float(self.resumed_totals[total][w]) for w, s in enumerate(stats)]
-
     # -- the end --------------------------------------------------------------------------------
 
     def _osdp(self, stats: list[dict]) -> dict | None:
         """With an OSDP plan: its prediction beside what each worker measured (``runtime.peak``)."""
-        if not self.job.osdp.plan:
+        plan = self.description.plan
+        if plan is None:
             return None
-        from ..plan.osdp_files import read_plan
-
-        predicted = read_plan(self.job.osdp.plan).get("predicted", {})
-        return {"plan": self.job.osdp.plan, "ranks_share_cores": self.ctx.any_oversubscribed,
-                "predicted": {"peak_bytes": predicted.get("peak_bytes"), "iteration_s": predicted.get("iteration_s")},
+        return {"plan": plan.path, "ranks_share_cores": self.ctx.any_oversubscribed, "predicted": plan.predicted,
                 "measured": {key: [s["osdp"][key] for s in stats]
                              for key in ("peak_bytes", "iteration_s", "transfer_wait_s", "transfer_messages")}}
 
     def _finish(self) -> dict:
-        wall, coordinator = self.ctx.now(), self.coordinator
-        version, pushes = coordinator.version, list(coordinator.pushes)
+        wall, version = self.ctx.now(), self.coordinator.version
         # gathered once, with the optimizer state, for the evaluation, model.h5 and the last checkpoint
         whole = self._whole_model(velocity=True)
         if whole is not self.params:  # no reply sends from the parameters any more: take every shard in
             np.copyto(self.params, whole)
-        loss, acc = self.evaluator.evaluate_now(self.params)
-        self._record_eval(wall, version, loss, acc, self.ctx.now() - wall)
+        self.recorder.evaluate_now(self.params, wall, version)
         if self.fault is not None and self.fault.due("end"):
             self.fault.fire("the end")
         # the trained model and the server's trace do not depend on the workers' statistics: keep them
         # even if a worker fails to report
-        write_model(self.run_dir, self.space.state_dict(), version=version, step=version,
-                    attrs={"sync": self.policy.name, "config_json": to_dict(self.job)})
+        self.recorder.record.write_model(self.space.state_dict(), version, self.policy.name)
         self.trace.flush()
         self._checkpoint(wall, (whole, self.whole_velocity))  # the end, from which a longer run can go on
         self.peers.end(self.ctx.now())
@@ -400,22 +338,12 @@ class Server:
         stats = self._collect_stats()
         self.alive.wait(self.ctx.backoff())
         self.peers.wait_sends(self.ctx.backoff())
-        self.progress.close(sum(pushes), test_acc=acc, version=version)
-        heard = self.last_loss[np.isfinite(self.last_loss)]
-        summary = build_summary(
-            self.job, sync=self.policy.name, world_size=self.ctx.size,
-            backend=stats[0]["backend"] if stats else "numpy", wall_seconds=wall, iterations=pushes,
-            wait_seconds=self._whole_run(stats, "wait_seconds", "wait_s"),
-            compute_seconds=self._whole_run(stats, "compute_seconds", "compute_s"),
-            injected_delay_seconds=self._whole_run(stats, "injected_delay_seconds", "injected_delay_s"),
-            barriers=self.policy.barriers,
-            rejected_pushes=coordinator.rejected, versions=version,
-            train_loss=float(heard.mean()) if heard.size else None, test_loss=loss, test_accuracy=acc,
-            targets=self.targets, evals=self.evals, mpi_library=mpi_library(), hybrid=self.layout.hybrid_plan,
+        summary = self.recorder.summary(
+            wall, self.coordinator, self.policy, stats, hybrid=self.layout.hybrid_plan,
             byte_counts=[self.store.bytes.as_dict()] + [self.peers.stats[r]["bytes"] for r in self.peers.ranks]
             + [s["bytes"] for s in stats], osdp=self._osdp(stats))
-        write_summary(self.run_dir, summary)
-        self.trace.set_attrs(rejected_pushes=coordinator.rejected, hybrid=self.layout.hybrid_plan,
+        self.recorder.record.write_summary(summary)
+        self.trace.set_attrs(rejected_pushes=self.coordinator.rejected, hybrid=self.layout.hybrid_plan,
                              bytes=self.store.bytes.as_dict())
         self.trace.close()
         return summary

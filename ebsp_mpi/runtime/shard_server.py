@@ -19,8 +19,6 @@ from collections import deque
 import numpy as np
 from mpi4py import MPI
 
-from .. import build
-from ..config import JobConfig
 from ..sync.registry import make_policy
 from .comm import HOUSEKEEPING_S, Context, KeepAlive, Silence, open_rank_trace, wait_all
 from .faults import fault_for
@@ -33,16 +31,15 @@ from .shard import ShardStore
 log = logging.getLogger(__name__)
 
 
-
 class ShardServer:
     """Server rank ``ctx.rank`` (1 <= rank < k) of a run; :meth:`run` returns its statistics."""
 
-    def __init__(self, ctx: Context, job: JobConfig, run_dir, resume=None):
+    def __init__(self, ctx: Context, description, run_dir, resume=None):
+        job = description.job
         self.ctx, self.job, self.run_dir = ctx, job, run_dir
-        ds = build.dataset(job)
-        model = build.model(job, ds)
+        model = description.model()
         self.params = model.space.data
-        self.layout = make_layout(ctx, job, model)
+        self.layout = make_layout(ctx, job, model, description.plan_doc)
         # rank 0 alone runs the policy; this server only needs to know whether it applies rounds
         round_based = make_policy(job.sync, ctx.workers, seed=job.seed).round_based
         self.store = ShardStore(ctx, job, self.params, self.layout, ctx.rank, round_based)

@@ -1,0 +1,191 @@
+"""A worker's dense wire (PS): its gradient chunks to the servers that own them, the push header to every
+server, and the weights back, each chunk from its owner and the reply's header from rank 0.
+
+Every message runs on a persistent request made once on a fixed slice of the worker's buffers (the
+``ParamSpace`` buffers on the CPU; host mirrors on a GPU without CUDA-aware MPI, :class:`WireBuffers`).
+The pull receives are posted before the push header is sent, so the server's reply always finds them;
+neither buffer is written while a request on it is active.
+
+When each chunk goes is the caller's choice: :meth:`DenseWire.push_ready` as the backward pass makes a
+tensor's rows final (wait-free backprop), :meth:`DenseWire.push_rest` for all the others after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+from ..nn.kernels import all_finite
+from .hybrid import PS
+from .protocol import PULL_FIELDS, PULL_TAG, PUSH_FIELDS, PUSH_TAG, header, pack
+
+
+@dataclass(frozen=True)
+class WireBuffers:
+    """The buffers MPI reads the gradient from and writes the weights into.
+
+    Attributes
+    ----------
+    space : ParamSpace
+        The worker's parameters and gradient, on its device.
+    params, grad : array
+        ``space.data`` and ``space.grad`` themselves, or host mirrors of them (`staged`).
+    staged : bool
+        A GPU without CUDA-aware MPI: MPI runs on host mirrors, copied to and from the device.
+    backend : Backend
+    """
+
+    space: object
+    params: object
+    grad: object
+    staged: bool
+    backend: object
+
+    @classmethod
+    def of(cls, space, backend, cuda_aware_mpi: bool) -> WireBuffers:
+        direct = backend.name == "numpy" or cuda_aware_mpi
+        params = space.data if direct else np.empty(space.data.size, dtype=np.float32)
+        grad = space.grad if direct else np.empty(space.grad.size, dtype=np.float32)
+        return cls(space=space, params=params, grad=grad, staged=not direct, backend=backend)
+
+    @property
+    def host_params(self) -> bool:
+        """Whether ``params`` is host memory (the optimizer of the SFB layers steps it in place)."""
+        return self.staged or self.backend.name == "numpy"
+
+
+class FiniteCheck:
+    """Whether every value pushed so far in this push is finite: its header tells every server, which
+    then rejects the push whole or applies it."""
+
+    def __init__(self):
+        self.ok = True
+
+    def reset(self) -> None:
+        self.ok = True
+
+    def __call__(self, values) -> None:
+        self.ok = self.ok and all_finite(values)
+
+
+@dataclass(frozen=True)
+class Requests:
+    """Requests to complete together, and the rank each is with (for the stall watchdog's message)."""
+
+    requests: list
+    ranks: list[int]
+    first: bool = False  # of a pull: the initial one, of every held tensor
+
+
+class DenseWire:
+    """A worker's PS messages (see the module docstring).
+
+    Parameters
+    ----------
+    ctx : Context
+    layout : Layout
+    buffers : WireBuffers
+    bytes : ByteCounter
+    check : FiniteCheck
+    sfb_chunk : numpy.ndarray of bool
+        Per chunk: it belongs to a layer whose gradient goes as sufficient factors (never pushed here).
+    """
+
+    def __init__(self, ctx, layout, buffers: WireBuffers, bytes, check: FiniteCheck, sfb_chunk: np.ndarray):
+        comm, chunks, owner = ctx.comm, layout.chunks, layout.owner
+        self.buf, self.bytes, self.check = buffers, bytes, check
+        self.chunks, self.chunk_tensor = chunks, layout.chunk_tensor
+        space = buffers.space
+        # where each chunk lies in this worker's buffers (None: an on-demand unit's, never held there)
+        self.local = [_local_slice(space, layout.chunk_tensor[k], c) for k, c in enumerate(chunks)]
+        held = [k for k, at in enumerate(self.local) if at is not None]
+        self.pushes = {k: comm.Send_init([buffers.grad[self.local[k]], MPI.FLOAT], owner[k], chunks[k].tag)
+                       for k in held}
+        self.push_header = header(PUSH_FIELDS)
+        # the header last, to every server: it completes the push on each
+        self.header_sends = [comm.Send_init([self.push_header, MPI.DOUBLE], s, PUSH_TAG) for s in range(ctx.servers)]
+        # an SFB layer's weight gradient goes as factors, an on-demand unit's from the fetch buffer
+        self.never_sent = sfb_chunk | np.array([at is None for at in self.local], dtype=bool)
+        self.started = self.never_sent.copy()  # chunks of the current push already sent
+        self.chunks_of = _chunks_of_tensors(space, chunks)  # tensor name -> indices of its chunks
+        # BSP with SFB: the reply's tail names the round's members
+        self.pull_header = np.zeros(len(PULL_FIELDS) + (ctx.workers if layout.sfb_bsp else 0))
+        chunk_pulls = {k: comm.Recv_init([buffers.params[self.local[k]], MPI.FLOAT], owner[k], chunks[k].tag)
+                       for k in held}
+        header_pull = comm.Recv_init([self.pull_header, MPI.DOUBLE], 0, PULL_TAG)
+        self.first_chunks = held
+        # after the first pull, BSP's replies leave out the SFB layers, which every worker steps itself
+        self.pulled_chunks = [k for k in held if not (layout.sfb_bsp and sfb_chunk[k])]
+        self.first = Requests([header_pull] + [chunk_pulls[k] for k in held], [0] + [owner[k] for k in held],
+                              first=True)
+        self.later = Requests([header_pull] + [chunk_pulls[k] for k in self.pulled_chunks],
+                              [0] + [owner[k] for k in self.pulled_chunks])
+        # everything a push sends: completed before the gradient is written again
+        self.outgoing = Requests(list(self.pushes.values()) + self.header_sends,
+                                 [owner[k] for k in self.pushes] + list(range(ctx.servers)))
+
+    def begin_push(self) -> None:
+        self.started[:] = self.never_sent
+
+    def push_ready(self, name: str, stop: int) -> None:
+        """Wait-free backprop: send the chunks of tensor `name` that lie within its first `stop`
+        elements, whose gradient the backward pass has just made final."""
+        end = self.buf.space.view(name).offset + stop
+        self._push_chunks([k for k in self.chunks_of[name] if self.chunks[k].stop <= end])
+
+    def push_rest(self) -> None:
+        """Send the chunks of this push not sent yet (all of them without wait-free backprop)."""
+        self._push_chunks(range(len(self.chunks)))
+
+    def _push_chunks(self, indices) -> None:
+        """Start the sends of the gradient chunks `indices` that have not gone out yet in this push."""
+        buf = self.buf
+        if not buf.staged and buf.backend.name != "numpy":
+            buf.backend.synchronize()  # CUDA-aware MPI reads the device buffer: the kernels must be done
+        for k in indices:
+            if self.started[k]:
+                continue
+            at = self.local[k]
+            if buf.staged:  # the device has finished this slice (synchronized by to_host)
+                buf.grad[at] = buf.backend.to_host(buf.space.grad[at])
+            self.check(buf.grad[at])  # now, while the chunk is in cache
+            self.pushes[k].Start()
+            self.started[k] = True
+            self.bytes.sent(self.chunk_tensor[k], PS, self.chunks[k].size * buf.grad.itemsize)
+
+    def post_pull(self) -> Requests:
+        """Post the receives of the next reply (before the header goes, so that it finds them)."""
+        MPI.Prequest.Startall(self.later.requests)
+        return self.later
+
+    def start_first_pull(self) -> Requests:
+        """Post the receives of the initial weights, every held tensor."""
+        MPI.Prequest.Startall(self.first.requests)
+        return self.first
+
+    def send_header(self, **fields) -> None:
+        """Complete the push on every server: its header (:data:`~ebsp_mpi.runtime.protocol.PUSH_FIELDS`)."""
+        pack(self.push_header, PUSH_FIELDS, **fields)
+        MPI.Prequest.Startall(self.header_sends)
+
+    def count_pull(self, first: bool) -> None:
+        """Count the bytes of the pull just received."""
+        for k in self.first_chunks if first else self.pulled_chunks:
+            self.bytes.received(self.chunk_tensor[k], PS, self.chunks[k].size * self.buf.params.itemsize)
+
+
+def _local_slice(space, tensor: str, c) -> slice | None:
+    """Where chunk `c` of `tensor` lies in the worker's ``ParamSpace`` buffers; None when the tensor
+    is not held there (an OSDP on-demand layer's)."""
+    if not space.holds(tensor):
+        return None
+    start = space.local_offset(tensor) + c.start - space.view(tensor).offset
+    return slice(start, start + c.size)
+
+
+def _chunks_of_tensors(space, chunks) -> dict[str, list[int]]:
+    """Which chunks (by index) hold each tensor of `space`; chunks never straddle two tensors."""
+    return {t.name: [k for k, c in enumerate(chunks) if t.offset <= c.start and c.stop <= t.offset + t.size]
+            for t in space.tensors}
