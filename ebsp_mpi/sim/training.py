@@ -63,6 +63,10 @@ class EmulatedTrainer(Trainer):
         self.holding: list[int | None] = [None] * workers  # the version each computing worker holds
         self.pending: dict[int, tuple[np.ndarray, int]] = {}  # pushed, not yet applied: (gradient, version used)
         self.free: list[np.ndarray] = []
+        # Only BSP's round keeps pushes unapplied past the next gradient; every other model applies (or
+        # rejects) a push within its own event, so its gradient is read where the model left it
+        self.keep_gradients = job.sync.model == "bsp"
+        self.model_holds: int | None = None  # the version in the model's buffer (None: not known)
         self.last_loss = np.full(workers, np.nan)
         self.version = 0
         self.evals: list[tuple[float, int, float, float]] = []
@@ -91,11 +95,15 @@ class EmulatedTrainer(Trainer):
         self.evaluate_until(t)
         used = self.holding[worker]
         c0 = time.perf_counter()
-        self.model.space.data[...] = self.versions.of(used)
+        if self.model_holds != used:  # BSP's workers all compute on one version: copied once a round
+            self.model.space.data[...] = self.versions.of(used)
+            self.model_holds = used
         idx = self.streams[worker].next_indices()
         self.last_loss[worker] = self.model.loss_and_grad(self.ds.x_train[idx], self.ds.y_train[idx], **self.blocks)
-        grad = self.free.pop() if self.free else np.empty_like(self.params)
-        np.copyto(grad, self.model.space.grad)
+        grad = self.model.space.grad
+        if self.keep_gradients:
+            grad = self.free.pop() if self.free else np.empty_like(self.params)
+            np.copyto(grad, self.model.space.grad)
         self.compute_seconds += time.perf_counter() - c0
         self.gradients += 1
         self.pending[worker] = (grad, used)
@@ -132,7 +140,8 @@ class EmulatedTrainer(Trainer):
 
     def _done(self, grad: np.ndarray, used: int) -> None:
         """`grad` is used up (its buffer is free for the next push's) and its version let go."""
-        self.free.append(grad)
+        if self.keep_gradients:
+            self.free.append(grad)
         self.versions.release(used)
 
     def evaluate_until(self, t: float) -> None:
@@ -144,6 +153,7 @@ class EmulatedTrainer(Trainer):
 
     def _evaluate(self, t: float) -> tuple[float, float]:
         self.model.space.data[...] = self.params
+        self.model_holds = self.version
         loss, acc = self.model.evaluate(self.ds.x_test, self.ds.y_test, batch_size=self.job.eval.batch_size)
         self.evals.append((t, self.version, float(loss), float(acc)))
         self.targets.observe(t, acc)
@@ -157,6 +167,7 @@ class EmulatedTrainer(Trainer):
     def state_dict(self) -> dict[str, np.ndarray]:
         """The trained tensors by name, for ``model.h5`` (as the server writes them)."""
         self.model.space.data[...] = self.params
+        self.model_holds = self.version
         return self.model.space.state_dict()
 
     def statistics(self) -> dict:
