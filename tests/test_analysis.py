@@ -84,8 +84,10 @@ def make_run(path, sync="bsp", seed=0, speed=2.0, rounds=20, summary=True):
         for b, rnd in enumerate(range(4, rounds, 5)):
             t_rel = rnd * (3 * BASE + 0.002) + 3 * BASE + 0.002
             arrivals = [t_rel - 0.002 - (0 if w == SLOW else 2 * BASE) for w in range(WORKERS)]
-            barriers.append((b, t_rel - 0.05, t_rel, t_rel - 0.001, 0.015, max(arrivals) - min(arrivals)))
-            members += [(b, w, 1, t_rel - 0.001, arrivals[w]) for w in range(WORKERS)]
+            # z = 0: the interval spread is the predicted one, σ 0
+            barriers.append((b, t_rel - 0.05, t_rel, t_rel - 0.001, 0.015, max(arrivals) - min(arrivals),
+                             0.0, 0.015, 0.0))
+            members += [(b, w, 1, t_rel - 0.001, arrivals[w], 0.0) for w in range(WORKERS)]
 
     for rank in range(world):
         attrs = {"run_id": path.name, "rank": rank, "role": "server" if rank == 0 else "worker",
