@@ -277,22 +277,23 @@ def zipline_robust(M, sigma, z: float, penalty: float = 0.0, now: float | None =
         rows = np.arange(n)[:, None]
         order = np.argsort(B, axis=1, kind="stable")
         a, b = A[rows, order], B[rows, order]
-    # column by column: an accumulate along short rows costs more per entry than R vector operations
+    # transposed, so that the accumulates run down columns, vectorised across the n rows (along
+    # short rows they cost several times more per entry)
+    a, b = np.ascontiguousarray(a.T), np.ascontiguousarray(b.T)
     # a record's lower end beats every entry its row offers at a smaller or equal upper end; an entry
     # tied in B with a later record gets S = B and so never serves (it is harmless as a future entry:
     # its A exceeds everything the row offers below it)
-    record = np.empty((n, R), dtype=bool)
-    record[:, 0] = True
-    best = a[:, 0].copy()
-    for k in range(1, R):
-        np.greater(a[:, k], best, out=record[:, k])
-        np.maximum(best, a[:, k], out=best)
+    record = np.ones((R, n), dtype=bool)
+    np.greater(a[1:], np.maximum.accumulate(a, axis=0)[:-1], out=record[1:])
     # upper end of the next record in the row: rows are sorted by B, so it is the least later one
-    after = np.empty((n, R))
-    after[:, R - 1] = np.inf
-    for k in range(R - 2, -1, -1):
-        after[:, k] = np.where(record[:, k + 1], b[:, k + 1], after[:, k + 1])
-    ra, rs, rb = a[record], after[record], b[record]
+    after = np.full((R, n), np.inf)
+    if record.all():  # the usual case: every entry is a record, the next one is the next column
+        after[:-1] = b[1:]
+        ra, rs, rb = a.ravel(), after.ravel(), b.ravel()
+    else:
+        later = np.ascontiguousarray(np.where(record, b, np.inf)[::-1])
+        after[:-1] = np.minimum.accumulate(later, axis=0)[::-1][1:]
+        ra, rs, rb = a[record], after[record], b[record]
 
     by_lower = np.argsort(ra)  # the order of equal lower ends does not change L
     lower = ra[by_lower]
