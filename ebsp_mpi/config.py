@@ -93,8 +93,8 @@ class SyncConfig:
     lookahead: int = _opt(15, "ElasticBSP: lookahead R (predicted pushes per worker ZipLine chooses from)",
                           min=1)
     penalty: float = _opt(0.0, "ElasticBSP: lambda, weight of the superstep length against the spread", min=0.0)
-    predictor: str = _opt("last", "ElasticBSP: push-time predictor (last interval, or EMA of intervals)",
-                          choices=("last", "ema"))
+    predictor: str = _opt("last", "ElasticBSP: push-time predictor (last interval, EMA of intervals, or median "
+                                  "of the last 5)", choices=("last", "ema", "median"))
     ema_alpha: float = _opt(0.5, "ElasticBSP: smoothing of the ema predictor", gt=0.0, max=1.0)
     zipline_z: float | str = _opt(0.0, "ElasticBSP: barriers chosen on the predictions +- z learned error scales "
                                        "(0: the paper's ZipLine; \"auto\": z picked online from the waiting)",

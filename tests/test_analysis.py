@@ -260,6 +260,10 @@ def test_labels_come_from_the_sweep_manifest_or_the_sync_parameters(tmp_path):
     assert [(i.label, i.seed) for i in infos] == [("bsp", 0), ("bsp", 1), ("ssp-s3", 0), ("ssp-s3", 1)]
     assert model_label({"sync": {"model": "dssp", "staleness": 2, "dssp_range": 4}}) == "dssp(s=2,r=4)"
     assert model_label({"sync": {"model": "elasticbsp", "lookahead": 8, "penalty": 0.5}}) == "elasticbsp(R=8,λ=0.5)"
+    assert model_label({"sync": {"model": "elasticbsp", "lookahead": 3, "penalty": 0.0, "zipline_z": 1.5,
+                                 "predictor": "median"}}) == "elasticbsp(R=3,z=1.5,median)"
+    assert model_label({"sync": {"model": "elasticbsp", "lookahead": 3, "zipline_z": "auto"}}) == "elasticbsp(R=3,z=auto)"
+    assert model_label({"sync": {"model": "elasticbsp", "lookahead": 3, "zipline_z": 0.0}}) == "elasticbsp(R=3)"
     assert model_label({"sync": {"model": "psp", "sample": 2, "staleness": 1}}) == "psp(β=2,s=1)"
 
 

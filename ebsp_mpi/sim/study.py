@@ -28,7 +28,8 @@ from ..errors import UsageError
 #: columns of scaling.csv, in order
 COLUMNS = ("member", "model", "workers", "pushes", "simulated_s", "s_per_1000_pushes", "vs_asp", "wait_share",
            "staleness_mean", "staleness_rounds", "staleness_p99", "staleness_max", "barriers", "r_median",
-           "predicted_spread_ms", "observed_spread_ms", "simulation_s")
+           "predicted_spread_ms", "observed_spread_ms", "interval_spread_ms", "observed_over_interval",
+           "error_median_ms", "error_p99_ms", "z", "simulation_s")
 
 
 def run_sweep(path: str, out: str | None, show_progress: bool = True) -> Path:
@@ -117,6 +118,12 @@ def scaling_rows(out_dir: Path) -> list[dict]:
             "r_median": spread.get("r_median", math.nan),
             "predicted_spread_ms": 1000 * spread.get("predicted_median_s", math.nan),
             "observed_spread_ms": 1000 * spread.get("observed_median_s", math.nan),
+            "interval_spread_ms": 1000 * spread.get("interval_median_s", math.nan),
+            "observed_over_interval": spread.get("observed_median_s", math.nan) / spread.get("interval_median_s", math.nan)
+            if spread.get("interval_median_s") else math.nan,
+            "error_median_ms": 1000 * spread.get("error_median_s", math.nan),
+            "error_p99_ms": 1000 * spread.get("error_p99_s", math.nan),
+            "z": spread.get("z_last", math.nan),
             "simulation_s": sim["simulation_seconds"],
         })
     return rows
@@ -128,7 +135,7 @@ def _cell(column: str, value) -> str:
             return "—"
         if column in ("wait_share",):
             return f"{value:.1%}"
-        if column in ("vs_asp", "staleness_mean", "staleness_rounds", "s_per_1000_pushes"):
+        if column in ("vs_asp", "staleness_mean", "staleness_rounds", "s_per_1000_pushes", "observed_over_interval"):
             return f"{value:.3f}"
         return f"{value:.1f}"
     return str(value)
@@ -143,7 +150,8 @@ def write_table(rows: list[dict], out_dir: Path) -> None:
         writer.writeheader()
         writer.writerows(rows)
     shown = ("model", "workers", "pushes", "s_per_1000_pushes", "vs_asp", "wait_share", "staleness_mean",
-             "staleness_rounds", "staleness_max", "r_median", "predicted_spread_ms", "observed_spread_ms")
+             "staleness_rounds", "staleness_max", "r_median", "predicted_spread_ms", "observed_spread_ms",
+             "interval_spread_ms", "observed_over_interval", "error_median_ms", "z")
     lines = ["| " + " | ".join(shown) + " |", "|" + "|".join("---" for _ in shown) + "|"]
     lines += ["| " + " | ".join(_cell(c, r[c]) for c in shown) + " |" for r in rows]
     (out_dir / "scaling.md").write_text("\n".join(lines) + "\n")
