@@ -77,52 +77,59 @@ def test_observe_checks_its_input():
 # -- AutoZ -------------------------------------------------------------------------------------------
 
 
-def feed(auto: AutoZ, share_of_z, barriers: int) -> list[float]:
+def feed(auto: AutoZ, ratio_of_z, barriers: int) -> list[float]:
+    """Barriers whose observed spread is ratio_of_z(z) times an interval spread of 10 ms."""
     zs = []
     for _ in range(barriers):
         zs.append(auto.z)
-        auto.observe(share_of_z(auto.z))
+        auto.observe(0.01 * ratio_of_z(auto.z), 0.01)
     return zs
 
 
-def test_auto_z_climbs_while_waiting_falls_and_steps_back_once():
-    auto = AutoZ(window=3, hysteresis=0.05)
-    best = 1.0  # waiting least at z = 1
-    zs = feed(auto, lambda z: 0.2 + 0.05 * abs(z - best), 60)
-    assert auto.settled and auto.z == best
-    assert zs[:3] == [0.0] * 3 and zs[-1] == best
-    assert [z for _, z in auto.changes] == [0.5, 1.0, 1.5, 1.0]
+def test_auto_z_climbs_until_the_intervals_cover_the_waiting():
+    auto = AutoZ(window=3, hysteresis=0.1)
+    zs = feed(auto, lambda z: 3.0 / (1.0 + z), 60)  # covered (ratio 1.0) from z = 2 on
+    assert zs[:3] == [0.0] * 3 and zs[-1] == 2.0
+    assert [z for _, z in auto.changes] == [0.5, 1.0, 1.5, 2.0]
+    assert [b for b, _ in auto.changes] == [3, 6, 9, 12]
 
 
 def test_auto_z_cannot_oscillate_whatever_the_waiting():
     rng = np.random.default_rng(3)
     for _ in range(50):
-        auto = AutoZ(window=2, hysteresis=0.05)
-        feed(auto, lambda z: float(rng.uniform(0, 1)), 500)
-        assert auto.settled and len(auto.changes) <= len(GRID)
-        ups = [z for _, z in auto.changes]
-        # up the grid, then at most one step back that ends the search
-        assert ups[:-1] == sorted(ups[:-1])
+        auto = AutoZ(window=2, hysteresis=0.1)
+        feed(auto, lambda z: float(rng.lognormal(0, 1)), 500)
+        zs = [z for _, z in auto.changes]
+        assert zs == sorted(zs) and len(zs) <= len(GRID) - 1  # one way, finitely often
 
 
-def test_auto_z_gain_within_the_hysteresis_is_not_taken():
+def test_auto_z_excess_within_the_hysteresis_moves_nothing():
     auto = AutoZ(window=2, hysteresis=0.1)
-    feed(auto, lambda z: 0.3 - 0.01 * z, 20)  # 0.5 gains 1.7 %: back to 0
-    assert auto.settled and auto.z == 0.0
+    feed(auto, lambda z: 1.08, 20)
+    assert auto.z == 0.0 and not auto.changes
 
 
-def test_auto_z_ignores_nan_and_stays_on_the_grids_end():
-    auto = AutoZ(window=1, hysteresis=0.0)
-    auto.observe(float("nan"))
+def test_auto_z_median_ignores_one_blown_up_barrier_and_barriers_without_an_interval():
+    auto = AutoZ(window=3, hysteresis=0.1)
+    for ratio in (1.0, 50.0, 0.9):  # one slow phase: the median stays 1.0
+        auto.observe(0.01 * ratio, 0.01)
     assert auto.z == 0.0
-    feed(auto, lambda z: 1.0 / (1.0 + z), 20)
-    assert auto.settled and auto.z == GRID[-1]
+    auto.observe(float("nan"), 0.01)
+    auto.observe(0.05, 0.0)
+    auto.observe(0.05, float("nan"))
+    assert auto.z == 0.0 and auto._ratios == []
+
+
+def test_auto_z_stays_on_the_grids_end():
+    auto = AutoZ(window=1, hysteresis=0.0)
+    feed(auto, lambda z: 10.0, 30)
+    assert auto.z == GRID[-1] and len(auto.changes) == len(GRID) - 1
 
 
 def test_auto_z_validation():
     with pytest.raises(ValueError, match="window"):
         AutoZ(window=0)
     with pytest.raises(ValueError, match="hysteresis"):
-        AutoZ(hysteresis=1.0)
+        AutoZ(hysteresis=-0.1)
     with pytest.raises(ValueError, match="grid"):
         AutoZ(grid=(1.0, 0.5))

@@ -31,7 +31,8 @@ makes between a decision and its barrier shows the error of the prediction for t
 a :class:`~ebsp_mpi.sync.prediction_error.PredictionErrorModel` when the barrier is released (whatever
 z is, so the traces show σ also for the paper's ZipLine). With z > 0 the decision runs
 :func:`~ebsp_mpi.sync.zipline.zipline_robust` on the intervals ``M ± z·σ``; with ``"auto"``,
-:class:`~ebsp_mpi.sync.auto_z.AutoZ` sets z from each superstep's waiting share. z = 0 runs
+:class:`~ebsp_mpi.sync.auto_z.AutoZ` raises z while the observed spreads (the waiting) exceed the
+interval spreads. z = 0 runs
 :func:`~ebsp_mpi.sync.zipline.zipline` itself: the paper's ZipLine, unchanged.
 
 Trace rows (``take_records``): ``zipline`` (t, n, R, seconds — wall time of the ZipLine call measured
@@ -126,7 +127,6 @@ class ElasticBSP(SyncPolicy):
         self.zipline_z = zipline_z
         self.lookahead = int(lookahead)
         self.errors = PredictionErrorModel(workers, self.lookahead)
-        self._superstep_start: float | None = None
         self.penalty = float(penalty)
         self.min_pushes = int(min_pushes)
         self.predictor = PushPredictor(workers, rule=predictor, ema_alpha=ema_alpha)
@@ -157,10 +157,6 @@ class ElasticBSP(SyncPolicy):
         return self._auto.z if self._auto is not None else float(self.zipline_z)
 
     # -- the protocol ----------------------------------------------------------------------------
-
-    def start(self, t: float) -> Decision:
-        self._superstep_start = t
-        return super().start(t)
 
     def _decide_push(self, worker: int, t: float) -> Decision:
         self.predictor.observe(worker, t)
@@ -249,10 +245,10 @@ class ElasticBSP(SyncPolicy):
         self._learn_errors(barrier)
         if not members:  # everyone left: the barrier never happens
             return NOTHING
+        observed = self._observed_spread(barrier)
         if self._auto is not None:
-            self._auto.observe(self._waiting_share(barrier, members, t))
-        self._superstep_start = t
-        self._record_barrier(barrier, t)
+            self._auto.observe(observed, barrier.interval_spread)
+        self._record_barrier(barrier, t, observed)
         self.barriers += 1
         return Decision(release=tuple(sorted(members)))
 
@@ -263,17 +259,13 @@ class ElasticBSP(SyncPolicy):
             members = np.array(sorted(barrier.row, key=barrier.row.get))
             self.errors.observe(members[row], k, np.array(barrier.seen_t) - barrier.M[row, k - 1])
 
-    def _waiting_share(self, barrier: _Barrier, members: list[int], t: float) -> float:
-        """The members' time held at this barrier over theirs in the superstep (AutoZ's measure)."""
-        began = barrier.t_decided if self._superstep_start is None else self._superstep_start
-        if t <= began:
-            return math.nan
-        waited = sum(t - barrier.arrival[w] for w in members if w in barrier.arrival)
-        return waited / (len(members) * (t - began))
-
-    def _record_barrier(self, barrier: _Barrier, t: float) -> None:
+    @staticmethod
+    def _observed_spread(barrier: _Barrier) -> float:
+        """Last minus first arrival: how long the first member waited (NaN when nobody arrived)."""
         arrivals = list(barrier.arrival.values())
-        observed = max(arrivals) - min(arrivals) if arrivals else math.nan
+        return max(arrivals) - min(arrivals) if arrivals else math.nan
+
+    def _record_barrier(self, barrier: _Barrier, t: float, observed: float) -> None:
         self._record("barriers", barrier=barrier.id, t_decided=barrier.t_decided, t_released=t,
                      predicted_spread=barrier.predicted_spread, observed_spread=observed,
                      predicted_time=barrier.predicted_time, z=barrier.z,
