@@ -179,7 +179,7 @@ def test_zipline_z_is_a_number_or_auto(tmp_path):
     job.write_text('[sync]\nzipline_z = "auto"\n')
     assert load_job(str(job)).sync.zipline_z == "auto"
     job.write_text("[sync]\nzipline_z = inf\n")
-    with pytest.raises(ConfigError, match="job.toml: sync.zipline_z = inf: must be a finite number"):
+    with pytest.raises(ConfigError, match=r"job\.toml: sync\.zipline_z = inf: must be a finite number"):
         load_job(str(job))
     # the resolved job prints and reads back
     again = tmp_path / "again.toml"

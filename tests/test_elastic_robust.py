@@ -26,7 +26,7 @@ def test_each_barrier_teaches_the_error_of_every_push_since_its_decision():
     assert all(m["sigma"] == 0.0 for m in first)  # nothing seen before the first barrier
     assert run.records["barriers"][0]["z"] == 0.0
     # after the run: every member saw k = 1..r at its barriers, so σ is learned at those k
-    E, c = policy.errors.state()
+    _, c = policy.errors.state()
     for m in run.records["barrier_members"]:
         assert c[m["worker"], : m["r"]].min() >= 1
     assert any(m["sigma"] > 0 for m in run.records["barrier_members"] if m["barrier"] >= 1)

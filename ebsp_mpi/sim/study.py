@@ -111,7 +111,8 @@ def scaling_rows(out_dir: Path) -> list[dict]:
         waited = sum(s["wait_seconds"])
         busy = sum(s["injected_delay_seconds"]) + sum(s["compute_seconds"])
         rows.append({
-            "member": name, "model": _label(s), "seed": key(s)[1], "workers": s["workers"], "pushes": pushes, "simulated_s": wall,
+            "member": name, "model": _label(s), "seed": key(s)[1],
+            "workers": s["workers"], "pushes": pushes, "simulated_s": wall,
             "s_per_1000_pushes": 1000 * per_push,
             "vs_asp": per_push / asp[key(s)] if key(s) in asp else math.nan,
             "wait_share": waited / (waited + busy) if waited + busy > 0 else math.nan,
@@ -123,8 +124,8 @@ def scaling_rows(out_dir: Path) -> list[dict]:
             "predicted_spread_ms": 1000 * spread.get("predicted_median_s", math.nan),
             "observed_spread_ms": 1000 * spread.get("observed_median_s", math.nan),
             "interval_spread_ms": 1000 * spread.get("interval_median_s", math.nan),
-            "observed_over_interval": spread.get("observed_median_s", math.nan) / spread.get("interval_median_s", math.nan)
-            if spread.get("interval_median_s") else math.nan,
+            "observed_over_interval": (spread.get("observed_median_s", math.nan) / spread["interval_median_s"]
+                                       if spread.get("interval_median_s") else math.nan),
             "error_median_ms": 1000 * spread.get("error_median_s", math.nan),
             "error_p99_ms": 1000 * spread.get("error_p99_s", math.nan),
             "z": spread.get("z_last", math.nan),
