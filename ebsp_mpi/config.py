@@ -96,9 +96,12 @@ class SyncConfig:
     lookahead: int = _opt(15, "ElasticBSP: lookahead R (predicted pushes per worker ZipLine chooses from)",
                           min=1)
     penalty: float = _opt(0.0, "ElasticBSP: lambda, weight of the superstep length against the spread", min=0.0)
-    predictor: str = _opt("last", "ElasticBSP: push-time predictor (last interval, or EMA of intervals)",
-                          choices=("last", "ema"))
+    predictor: str = _opt("last", "ElasticBSP: push-time predictor (last interval, EMA of intervals, or median "
+                                  "of the last 5)", choices=("last", "ema", "median"))
     ema_alpha: float = _opt(0.5, "ElasticBSP: smoothing of the ema predictor", gt=0.0, max=1.0)
+    zipline_z: float | str = _opt(0.0, "ElasticBSP: barriers chosen on the predictions +- z learned error scales "
+                                       "(0: the paper's ZipLine; \"auto\": z picked online from the waiting)",
+                                  min=0.0, words=("auto",))
     sample: int = _opt(2, "PSP: other workers each barrier samples (beta); its staleness bound is "
                           "sync.staleness; beta >= workers - 1 is SSP", min=1)
 
@@ -318,7 +321,7 @@ def _split_override(item: str) -> tuple[str, str]:
 
 def _parse_cli_value(raw: str, hint):
     """Read a command-line value as TOML (numbers, booleans, lists); strings may go unquoted."""
-    if hint is str:
+    if hint is str or (hint == float | str and raw.strip("\"'").isalpha()):
         return raw[1:-1] if len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "\"'" else raw
     try:
         return tomllib.loads(f"v = {raw}")["v"]
@@ -339,6 +342,14 @@ _TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str:
 
 
 def _coerce(f: dataclasses.Field, hint, value, key: str, source: str):
+    words = f.metadata.get("words")
+    if words:  # a number, or one of a few words in its place (sync.zipline_z = "auto")
+        if isinstance(value, str):
+            if value not in words:
+                raise ConfigError(f"{source}: {key} = {value!r}: must be a number or one of "
+                                  f"{', '.join(repr(w) for w in words)}")
+            return value
+        hint = float
     if typing.get_origin(hint) is list:
         (item,) = typing.get_args(hint)
         if not isinstance(value, list):

@@ -98,8 +98,10 @@ def _barrier_rows(rounds: int):
     for b, rnd in enumerate(range(4, rounds, 5)):
         t_rel = rnd * (3 * BASE + 0.002) + 3 * BASE + 0.002
         arrivals = [t_rel - 0.002 - (0 if w == SLOW else 2 * BASE) for w in range(WORKERS)]
-        barriers.append((b, t_rel - 0.05, t_rel, t_rel - 0.001, 0.015, max(arrivals) - min(arrivals)))
-        members += [(b, w, 1, t_rel - 0.001, arrivals[w]) for w in range(WORKERS)]
+        # z = 0: the interval spread is the predicted one, σ 0
+        barriers.append((b, t_rel - 0.05, t_rel, t_rel - 0.001, 0.015, max(arrivals) - min(arrivals),
+                         0.0, 0.015, 0.0))
+        members += [(b, w, 1, t_rel - 0.001, arrivals[w], 0.0) for w in range(WORKERS)]
     return barriers, members
 
 
@@ -273,6 +275,10 @@ def test_labels_come_from_the_sweep_manifest_or_the_sync_parameters(tmp_path):
     assert [(i.label, i.seed) for i in infos] == [("bsp", 0), ("bsp", 1), ("ssp-s3", 0), ("ssp-s3", 1)]
     assert model_label({"sync": {"model": "dssp", "staleness": 2, "dssp_range": 4}}) == "dssp(s=2,r=4)"
     assert model_label({"sync": {"model": "elasticbsp", "lookahead": 8, "penalty": 0.5}}) == "elasticbsp(R=8,λ=0.5)"
+    assert model_label({"sync": {"model": "elasticbsp", "lookahead": 3, "penalty": 0.0, "zipline_z": 1.5,
+                                 "predictor": "median"}}) == "elasticbsp(R=3,z=1.5,median)"
+    assert model_label({"sync": {"model": "elasticbsp", "lookahead": 3, "zipline_z": "auto"}}) == "elasticbsp(R=3,z=auto)"
+    assert model_label({"sync": {"model": "elasticbsp", "lookahead": 3, "zipline_z": 0.0}}) == "elasticbsp(R=3)"
     assert model_label({"sync": {"model": "psp", "sample": 2, "staleness": 1}}) == "psp(β=2,s=1)"
 
 

@@ -127,9 +127,10 @@ def test_an_unknown_kind_is_refused_with_the_list():
 def test_zipline_writes_one_record_per_comparison(tmp_path):
     records, out = run_bench(tmp_path, "zipline", "--reps", "1", "--brute-limit", "1e5")
     check_records(records, "zipline")
-    assert {r["reference"] for r in records} == {"heapq scan", "brute force"}
+    assert {r["reference"] for r in records} == {"heapq scan", "brute force", "zipline"}
     assert sum(r["reference"] == "heapq scan" for r in records) == 6  # every instance
-    assert "heap/zipline" in out
+    assert sum(r["reference"] == "zipline" for r in records) == 6  # robust ZipLine against it
+    assert "heap/zipline" in out and "robust/zipline" in out
 
 
 def test_nn_writes_one_record_per_layer_case(monkeypatch):

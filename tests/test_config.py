@@ -163,3 +163,25 @@ def test_allowed_values_are_those_of_the_registries_they_name():
     assert _choices(OptimConfig, "schedule") == SCHEDULES
     assert _choices(ModelConfig, "kind") == KINDS
     assert _choices(JobConfig, "backend") == BACKENDS
+
+
+def test_zipline_z_is_a_number_or_auto(tmp_path):
+    assert load_job(None, ["sync.zipline_z=1.5"]).sync.zipline_z == 1.5
+    assert load_job(None, ["sync.zipline_z=2"]).sync.zipline_z == 2.0
+    assert load_job(None, ["sync.zipline_z=auto"]).sync.zipline_z == "auto"
+    assert load_job(None, ['sync.zipline_z="auto"']).sync.zipline_z == "auto"
+    assert load_job(None).sync.zipline_z == 0.0
+    for value, words in (("-0.5", "must be >= 0.0"), ("often", "must be a number or one of 'auto'"),
+                         ("nan", "must be a number"), ("[1]", "must be a number")):
+        with pytest.raises(ConfigError, match=f"sync.zipline_z = .*{words}"):
+            load_job(None, [f"sync.zipline_z={value}"])
+    job = tmp_path / "job.toml"
+    job.write_text('[sync]\nzipline_z = "auto"\n')
+    assert load_job(str(job)).sync.zipline_z == "auto"
+    job.write_text("[sync]\nzipline_z = inf\n")
+    with pytest.raises(ConfigError, match=r"job\.toml: sync\.zipline_z = inf: must be a finite number"):
+        load_job(str(job))
+    # the resolved job prints and reads back
+    again = tmp_path / "again.toml"
+    again.write_text(to_toml(load_job(None, ["sync.zipline_z=auto"])))
+    assert load_job(str(again)).sync.zipline_z == "auto"

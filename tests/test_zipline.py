@@ -191,8 +191,29 @@ def test_ema_rule_smooths_intervals():
     np.testing.assert_allclose(p.predict([0], 2), [[6.0, 8.0]])
 
 
+def test_median_rule_takes_the_median_of_the_recent_intervals():
+    p = PushPredictor(1, rule="median")
+    t = 0.0
+    p.observe(0, t)
+    for interval in (1.0, 9.0, 2.0):  # one outlier among three: the median is 2
+        t += interval
+        p.observe(0, t)
+    assert p.interval(0) == 2.0
+    p.reset()  # the recent intervals outlive a barrier; the one spanning it is never taken
+    p.observe(0, 100.0)
+    assert p.interval(0) != p.interval(0)  # NaN until this phase measured an interval
+    p.observe(0, 103.0)
+    assert p.interval(0) == 2.5  # median of 1, 9, 2, 3
+    t = 103.0
+    for interval in (4.0, 4.0, 4.0, 5.0):  # only the last MEDIAN_WINDOW (5) intervals count: 3, 4, 4, 4, 5
+        t += interval
+        p.observe(0, t)
+    assert p.interval(0) == 4.0
+    np.testing.assert_allclose(p.predict([0], 2), [[t + 4.0, t + 8.0]])
+
+
 def test_reset_forgets_the_interval_spanning_a_barrier():
-    for rule in ("last", "ema"):
+    for rule in ("last", "ema", "median"):
         p = PushPredictor(1, rule=rule)
         p.observe(0, 0.0)
         p.observe(0, 1.0)
@@ -209,7 +230,7 @@ def test_reset_forgets_the_interval_spanning_a_barrier():
 
 def test_predictor_validation():
     with pytest.raises(ValueError, match="rule"):
-        PushPredictor(2, rule="median")
+        PushPredictor(2, rule="mode")
     with pytest.raises(ValueError, match="ema_alpha"):
         PushPredictor(2, rule="ema", ema_alpha=0.0)
     with pytest.raises(ValueError, match="at least one worker"):

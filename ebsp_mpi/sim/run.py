@@ -228,11 +228,19 @@ def _statistics(result: SimResult, policy_tables: dict[str, np.ndarray]) -> dict
     # a member whose arrival is NaN left (stopped) before it got to its barrier
     numbers, arrivals = np.unique(members["barrier"][np.isfinite(members["arrival_t"])], return_counts=True)
     shared = barriers[np.isin(barriers["barrier"], numbers[arrivals >= 2])]
+    arrived = members[np.isfinite(members["arrival_t"])]
+    error = np.abs(arrived["arrival_t"] - arrived["predicted_t"])
     out["barrier_spread"] = {
         "barriers": len(shared),
         "predicted_median_s": float(np.median(shared["predicted_spread"])),
         "observed_median_s": float(np.median(shared["observed_spread"])),
         "r_median": float(np.median(members["r"])),
+        # robust ZipLine's interval spread (the point spread at z = 0) and the size of the errors of
+        # the predictions barriers were set on: what the calibration and the predictors are judged by
+        "interval_median_s": float(np.median(shared["predicted_interval_spread"])),
+        "error_median_s": float(np.median(error)) if len(error) else math.nan,
+        "error_p99_s": float(np.percentile(error, 99)) if len(error) else math.nan,
+        "z_last": float(barriers["z"][-1]),
     } if len(shared) else None
     return out
 

@@ -7,7 +7,7 @@ discrete-event simulator (:mod:`.simulate`). See :mod:`.base` for the protocol a
 
 from .base import Decision, Record, SyncPolicy
 from .registry import POLICIES, make_policy
-from .zipline import ZipLineResult, zipline, zipline_brute
+from .zipline import RobustZipLineResult, ZipLineResult, zipline, zipline_brute, zipline_robust
 
 __all__ = ["Decision", "Record", "SyncPolicy", "POLICIES", "make_policy", "ZipLineResult", "zipline",
-           "zipline_brute"]
+           "zipline_brute", "RobustZipLineResult", "zipline_robust"]

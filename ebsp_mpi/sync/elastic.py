@@ -26,9 +26,19 @@ Consequences, relied on by the tests:
 - a worker that leaves is dropped from the barrier; if all remaining members are held, they go; a
   barrier whose members all left is dropped (neither counted nor recorded).
 
+Under uncertainty (``zipline_z``, docs/design.md "ZipLine under uncertainty"): every push a member
+makes between a decision and its barrier shows the error of the prediction for that k; the errors feed
+a :class:`~ebsp_mpi.sync.prediction_error.PredictionErrorModel` when the barrier is released (whatever
+z is, so the traces show σ also for the paper's ZipLine). With z > 0 the decision runs
+:func:`~ebsp_mpi.sync.zipline.zipline_robust` on the intervals ``M ± z·σ``; with ``"auto"``,
+:class:`~ebsp_mpi.sync.auto_z.AutoZ` raises z while the observed spreads (the waiting) exceed the
+interval spreads. z = 0 runs
+:func:`~ebsp_mpi.sync.zipline.zipline` itself: the paper's ZipLine, unchanged.
+
 Trace rows (``take_records``): ``zipline`` (t, n, R, seconds — wall time of the ZipLine call measured
-with ``clock``), ``barriers`` (one per released barrier) and ``barrier_members`` (one per worker of it;
-``arrival_t`` is NaN for a worker that left before arriving).
+with ``clock``), ``barriers`` (one per released barrier: predicted point and interval spread, observed
+spread, the z and the mean σ of the chosen entries) and ``barrier_members`` (one per worker of it, with
+the σ of its chosen entry; ``arrival_t`` is NaN for a worker that left before arriving).
 """
 
 from __future__ import annotations
@@ -38,9 +48,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from .auto_z import AutoZ
 from .base import NOTHING, Decision, SyncPolicy
+from .prediction_error import PredictionErrorModel
 from .predictor import PushPredictor
-from .zipline import zipline
+from .zipline import zipline, zipline_robust
 
 
 @dataclass
@@ -54,8 +68,17 @@ class _Barrier:
     target: dict[int, int]          # worker -> value of done[worker] at which it is held
     r: dict[int, int]               # worker -> r_i, pushes after the decision
     predicted_t: dict[int, float]   # worker -> predicted time of its barrier push
+    M: np.ndarray                   # the predictions, one row per member in ``row`` order
+    row: dict[int, int]             # worker -> its row of M
+    sigma: dict[int, float]         # worker -> σ of its chosen entry
+    z: float
+    interval_spread: float          # max(M + zσ) − min(M − zσ) over the chosen entries
     arrival: dict[int, float] = field(default_factory=dict)
     missing: int = 0                # active members that have not arrived yet
+    # each push a member made after the decision, as (row, k, t): the errors of the predictions
+    seen_row: list[int] = field(default_factory=list)
+    seen_k: list[int] = field(default_factory=list)
+    seen_t: list[float] = field(default_factory=list)
 
 
 class ElasticBSP(SyncPolicy):
@@ -78,6 +101,9 @@ class ElasticBSP(SyncPolicy):
         needs two pushes).
     clock : callable
         Returns seconds; times the ZipLine call for the ``zipline`` trace table.
+    zipline_z : float or "auto"
+        z >= 0: barriers chosen on the intervals ``M ± z·σ`` (0: the paper's ZipLine); ``"auto"``: z
+        chosen online (:class:`~ebsp_mpi.sync.auto_z.AutoZ`).
     """
 
     name = "elasticbsp"
@@ -85,7 +111,7 @@ class ElasticBSP(SyncPolicy):
 
     def __init__(self, workers: int, lookahead: int = 15, penalty: float = 0.0,
                  predictor: str = "last", ema_alpha: float = 0.5, min_pushes: int = 2,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, zipline_z: float | str = 0.0):
         super().__init__(workers)
         if int(lookahead) != lookahead or lookahead < 1:
             raise ValueError(f"ElasticBSP lookahead must be an integer >= 1, got {lookahead}")
@@ -93,7 +119,14 @@ class ElasticBSP(SyncPolicy):
             raise ValueError(f"ElasticBSP penalty must be finite and >= 0, got {penalty}")
         if int(min_pushes) != min_pushes or min_pushes < 2:
             raise ValueError(f"ElasticBSP min_pushes must be an integer >= 2, got {min_pushes}")
+        self._auto = None
+        if zipline_z == "auto":
+            self._auto = AutoZ()
+        elif isinstance(zipline_z, str) or not (math.isfinite(zipline_z) and zipline_z >= 0):
+            raise ValueError(f"ElasticBSP zipline_z must be a finite number >= 0 or 'auto', got {zipline_z!r}")
+        self.zipline_z = zipline_z
         self.lookahead = int(lookahead)
+        self.errors = PredictionErrorModel(workers, self.lookahead)
         self.penalty = float(penalty)
         self.min_pushes = int(min_pushes)
         self.predictor = PushPredictor(workers, rule=predictor, ema_alpha=ema_alpha)
@@ -118,6 +151,11 @@ class ElasticBSP(SyncPolicy):
             return {}
         return {w: d for w, d in self._barrier.target.items() if w in self.active}
 
+    @property
+    def z(self) -> float:
+        """The z of the next decision (``zipline_z``, or AutoZ's current choice)."""
+        return self._auto.z if self._auto is not None else float(self.zipline_z)
+
     # -- the protocol ----------------------------------------------------------------------------
 
     def _decide_push(self, worker: int, t: float) -> Decision:
@@ -127,10 +165,15 @@ class ElasticBSP(SyncPolicy):
         barrier = self._barrier
         if barrier is not None:
             target = barrier.target.get(worker)
-            if target is not None and self._done[worker] >= target and worker not in barrier.arrival:
-                barrier.arrival[worker] = t
-                barrier.missing -= 1
-                return self._release_if_complete(t)
+            if target is not None and worker not in barrier.arrival:
+                r = barrier.r[worker]
+                barrier.seen_row.append(barrier.row[worker])
+                barrier.seen_k.append(self._done[worker] - target + r)
+                barrier.seen_t.append(t)
+                if self._done[worker] >= target:
+                    barrier.arrival[worker] = t
+                    barrier.missing -= 1
+                    return self._release_if_complete(t)
             return self._alone[worker]
         if self._monitoring_complete():
             self._decide(t)  # the pusher's barrier lies r >= 1 pushes ahead: it goes on now
@@ -162,8 +205,15 @@ class ElasticBSP(SyncPolicy):
         """Predict, run ZipLine and set each active worker's barrier (ICDM 2019, Alg. 1)."""
         members = sorted(self.active)
         M = self.predictor.predict(members, self.lookahead)
+        z = self.z
+        sigma = self.errors.sigma(members, self.lookahead)
         started = self._clock()
-        result = zipline(M, penalty=self.penalty, now=t)
+        if z == 0.0:
+            result = zipline(M, penalty=self.penalty, now=t)
+            interval_spread = result.spread
+        else:
+            result = zipline_robust(M, sigma, z, penalty=self.penalty, now=t)
+            interval_spread = result.interval_spread
         seconds = self._clock() - started
         self._record("zipline", t=t, n=len(members), R=self.lookahead, seconds=seconds)
         r = {w: int(result.index[i]) + 1 for i, w in enumerate(members)}
@@ -175,6 +225,11 @@ class ElasticBSP(SyncPolicy):
             target={w: self._done[w] + r[w] for w in members},
             r=r,
             predicted_t={w: float(M[i, result.index[i]]) for i, w in enumerate(members)},
+            M=M,
+            row={w: i for i, w in enumerate(members)},
+            sigma={w: float(sigma[i, result.index[i]]) for i, w in enumerate(members)},
+            z=z,
+            interval_spread=interval_spread,
             missing=len(members),
         )
         self._decided += 1
@@ -187,19 +242,36 @@ class ElasticBSP(SyncPolicy):
         self._barrier = None
         self.predictor.reset()
         self._ready = 0
+        self._learn_errors(barrier)
         if not members:  # everyone left: the barrier never happens
             return NOTHING
-        self._record_barrier(barrier, t)
+        observed = self._observed_spread(barrier)
+        if self._auto is not None:
+            self._auto.observe(observed, barrier.interval_spread)
+        self._record_barrier(barrier, t, observed)
         self.barriers += 1
         return Decision(release=tuple(sorted(members)))
 
-    def _record_barrier(self, barrier: _Barrier, t: float) -> None:
+    def _learn_errors(self, barrier: _Barrier) -> None:
+        """Every push since the decision against its prediction, into the error model at once."""
+        if barrier.seen_t:
+            row, k = np.array(barrier.seen_row), np.array(barrier.seen_k)
+            members = np.array(sorted(barrier.row, key=barrier.row.get))
+            self.errors.observe(members[row], k, np.array(barrier.seen_t) - barrier.M[row, k - 1])
+
+    @staticmethod
+    def _observed_spread(barrier: _Barrier) -> float:
+        """Last minus first arrival: how long the first member waited (NaN when nobody arrived)."""
         arrivals = list(barrier.arrival.values())
-        observed = max(arrivals) - min(arrivals) if arrivals else math.nan
+        return max(arrivals) - min(arrivals) if arrivals else math.nan
+
+    def _record_barrier(self, barrier: _Barrier, t: float, observed: float) -> None:
         self._record("barriers", barrier=barrier.id, t_decided=barrier.t_decided, t_released=t,
                      predicted_spread=barrier.predicted_spread, observed_spread=observed,
-                     predicted_time=barrier.predicted_time)
+                     predicted_time=barrier.predicted_time, z=barrier.z,
+                     predicted_interval_spread=barrier.interval_spread,
+                     sigma_mean=sum(barrier.sigma.values()) / len(barrier.sigma))
         for w in sorted(barrier.target):
             self._record("barrier_members", barrier=barrier.id, worker=w, r=barrier.r[w],
                          predicted_t=barrier.predicted_t[w],
-                         arrival_t=barrier.arrival.get(w, math.nan))
+                         arrival_t=barrier.arrival.get(w, math.nan), sigma=barrier.sigma[w])

@@ -2,22 +2,31 @@
 
 The paper's predictor assumes a worker keeps its most recent iteration interval: its k-th next push is
 ``t_last + k · interval`` with ``interval = t_last − t_second_last`` (rule ``"last"``). Rule ``"ema"``
-uses an exponential moving average of the intervals instead, which tolerates jitter.
+uses an exponential moving average of the intervals instead, which tolerates jitter; rule ``"median"``
+the median of the worker's last :data:`MEDIAN_WINDOW` intervals, which also ignores a single outlier.
+An interval measured once is off by its jitter, and the k-th prediction by k times that, so a rule
+that averages several intervals cuts the error that grows with the lookahead (docs/simulation.md,
+"ZipLine under uncertainty", measures it).
 
 Only intervals between two pushes of the same *monitoring phase* are measured: :meth:`reset` (called
 when a barrier releases) forgets the last push time, so the interval that spans the barrier — which
 includes the time the worker was held — is never taken for an iteration time. The EMA itself is kept
-across resets (it is the smoothed history).
+across resets (it is the smoothed history), and so are the median's recent intervals.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
 
-RULES = ("last", "ema")
+RULES = ("last", "ema", "median")
+
+#: intervals the ``"median"`` rule takes the median of
+MEDIAN_WINDOW = 5
 
 
 class PushPredictor:
@@ -27,9 +36,10 @@ class PushPredictor:
     ----------
     workers : int
         Number of workers, indexed 0..workers-1.
-    rule : {"last", "ema"}
+    rule : {"last", "ema", "median"}
         ``"last"``: the most recent interval (the paper). ``"ema"``: an exponential moving average of
         the intervals, ``ema ← alpha · interval + (1 − alpha) · ema`` (the first interval seeds it).
+        ``"median"``: the median of the last :data:`MEDIAN_WINDOW` intervals.
     ema_alpha : float
         Weight of the newest interval for ``"ema"``, in (0, 1].
     """
@@ -49,6 +59,8 @@ class PushPredictor:
         self._interval = [math.nan] * workers   # latest interval since the reset
         self._ema = [math.nan] * workers        # smoothed interval, kept across resets
         self._pushes = [0] * workers
+        self._recent = [deque(maxlen=MEDIAN_WINDOW) for _ in range(workers)] if rule == "median" else None
+        self._median = [math.nan] * workers     # median of _recent, kept with it
 
     def observe(self, worker: int, t: float) -> None:
         """Record a push of ``worker`` at time ``t`` (seconds, non-decreasing per worker)."""
@@ -62,6 +74,10 @@ class PushPredictor:
             ema = self._ema[worker]
             a = self.ema_alpha
             self._ema[worker] = interval if ema != ema else a * interval + (1.0 - a) * ema
+            if self._recent is not None:
+                recent = self._recent[worker]
+                recent.append(interval)
+                self._median[worker] = statistics.median(recent)
         self._last[worker] = t
         self._pushes[worker] += 1
 
@@ -122,8 +138,10 @@ class PushPredictor:
     def _rate(self, w: int) -> float:
         if self.rule == "last":
             return self._interval[w]
-        # the EMA is only trusted once this phase measured an interval of its own
-        return math.nan if math.isnan(self._interval[w]) else self._ema[w]
+        # the EMA and the median are only trusted once this phase measured an interval of its own
+        if math.isnan(self._interval[w]):
+            return math.nan
+        return self._ema[w] if self.rule == "ema" else self._median[w]
 
     def _check(self, worker: int) -> int:
         if not 0 <= worker < self.workers:

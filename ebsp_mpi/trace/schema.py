@@ -97,6 +97,9 @@ BARRIERS = np.dtype(
         ("predicted_time", "f8"),  # predicted barrier time: max of the chosen push times
         ("predicted_spread", "f8"),  # predicted max - min of the chosen push times
         ("observed_spread", "f8"),  # max - min of the actual arrival times
+        ("z", "f8"),  # robust ZipLine's z (0: the paper's ZipLine)
+        ("predicted_interval_spread", "f8"),  # max(M + z sigma) - min(M - z sigma) of the chosen entries
+        ("sigma_mean", "f8"),  # mean prediction error scale sigma of the chosen entries (seconds)
     ]
 )
 
@@ -108,6 +111,7 @@ BARRIER_MEMBERS = np.dtype(
         ("r", "i8"),  # the worker's barrier is its r-th next push (1-based, 1 <= r <= R)
         ("predicted_t", "f8"),  # predicted time of that push
         ("arrival_t", "f8"),  # actual time of that push
+        ("sigma", "f8"),  # learned error scale of that prediction (seconds; 0 before any error was seen)
     ]
 )
 
