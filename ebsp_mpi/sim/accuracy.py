@@ -68,12 +68,13 @@ def accuracy_figure(rows: list[dict], path: Path) -> None:
     sizes = sorted({r["workers"] for r in rows})
     models = list(dict.fromkeys(r["model"] for r in rows))
     colour = {m: PALETTE[i % len(PALETTE)] for i, m in enumerate(models)}
+    dashes = {m: ("-", "--", ":")[i // len(PALETTE) % 3] for i, m in enumerate(models)}  # past the palette
     fig = Figure(figsize=(4 * len(sizes), 3.8), layout="constrained")
     axes = fig.subplots(1, len(sizes), sharey=True, squeeze=False)[0]
     for ax, n in zip(axes, sizes, strict=True):
         for r in (r for r in rows if r["workers"] == n):
             ax.plot([t for t, _ in r["evals"]], [a for _, a in r["evals"]], color=colour[r["model"]],
-                    label=r["model"], lw=1.4)
+                    ls=dashes[r["model"]], label=r["model"], lw=1.4)
         ax.set_title(f"{n} workers (batch {next(r['batch'] for r in rows if r['workers'] == n)})", fontsize=10.5,
                      loc="left")
         ax.set_xlabel("virtual seconds")
