@@ -22,11 +22,10 @@ import time
 
 from ebsp_mpi import build
 from ebsp_mpi.bench.report import record
-from ebsp_mpi.bench.simulate import POLICIES, intervals
+from ebsp_mpi.bench.simulate import POLICIES, intervals, timed_simulation
 from ebsp_mpi.config import load_job
+from ebsp_mpi.run_description import describe
 from ebsp_mpi.sim.training import EmulatedTrainer
-from ebsp_mpi.sync.registry import make_policy
-from ebsp_mpi.sync.simulate import simulate
 
 BATCH = 32
 
@@ -75,11 +74,8 @@ def main_train(workers: int, iterations: int, seed: int, wanted: list[str], reco
     for label, sync in POLICIES:
         if sync.model not in wanted:
             continue
-        trainer = EmulatedTrainer(job, workers)  # the data and the streams: set-up, not per push
-        started = time.perf_counter()
-        result = simulate(make_policy(sync, workers, seed=seed), table, iterations, keep_releases=False,
-                          trainer=trainer)
-        seconds = time.perf_counter() - started
+        trainer = EmulatedTrainer(describe(job, workers, None))  # the data and the streams: set-up, not per push
+        result, seconds = timed_simulation(sync, workers, table, iterations, seed, trainer)
         peak = trainer.versions.peak_copies
         print(f"{label:<18} | {seconds:8.2f} {result.pushes / seconds:9.0f} | {seconds / bare:11.2f} "
               f"{seconds / bare - 1:+9.1%} | {peak:>6}")

@@ -62,6 +62,16 @@ def bare_loop(table: np.ndarray, iterations: int) -> float:
     return time.perf_counter() - started
 
 
+def timed_simulation(sync: SyncConfig, workers: int, table: np.ndarray, iterations: int, seed: int,
+                     trainer=None):
+    """``(result, seconds)`` of one policy's simulation of `workers` x `iterations` pushes over `table`
+    (with `trainer`: real weights, its set-up already done)."""
+    policy = make_policy(sync, workers, seed=seed)
+    started = time.perf_counter()
+    result = simulate(policy, table, iterations, keep_releases=False, trainer=trainer)
+    return result, time.perf_counter() - started
+
+
 def main(argv=None, records: list | None = None) -> int:
     """Run every policy once and the bare loop once; with `records`, append each policy's seconds
     against the bare loop's (:mod:`ebsp_mpi.bench.report`)."""
@@ -93,10 +103,7 @@ def main(argv=None, records: list | None = None) -> int:
     for label, sync in POLICIES:
         if sync.model not in wanted:
             continue
-        policy = make_policy(sync, args.workers, seed=args.seed)
-        started = time.perf_counter()
-        result = simulate(policy, table, args.iterations, keep_releases=False)
-        seconds = time.perf_counter() - started
+        result, seconds = timed_simulation(sync, args.workers, table, args.iterations, args.seed)
         zipline = sum(r.row["seconds"] for r in result.records if r.table == "zipline")
         print(f"{label:<18} | {seconds:8.2f} {result.pushes / seconds / 1e3:11.0f} | {seconds / bare:11.2f} | "
               f"{result.barriers:>8} {zipline:9.2f}")

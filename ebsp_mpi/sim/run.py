@@ -40,6 +40,7 @@ from ..sync.simulate import ReplayMismatch, SimResult, simulate
 from ..trace.schema import (BARRIER_MEMBERS, BARRIERS, EVALS, ITERATIONS, PULLS, PUSHES, TABLES,
                             WORKER_ITERATIONS, WORKERS_FILE, ZIPLINE)
 from ..trace.writer import TraceWriter, trace_path
+from ..run_description import describe as describe_run
 from .recorded import recorded_pushes
 from .restarts import simulate_resumed
 from .training import EmulatedTrainer
@@ -59,7 +60,7 @@ def _limits(job: JobConfig, workers: int, iterations: int | None, trainer) -> tu
         limit, until = stop_rule(job, iterations)
         return [limit] * workers, until
     until = job.stop.seconds or math.inf
-    limits = [iterations] * workers if iterations is not None else trainer.limits()
+    limits = [iterations] * workers if iterations is not None else list(trainer.description.limits)
     if None in limits and until == math.inf:
         raise UsageError("simulate --train: how long? give --iterations K, or stop.iterations, stop.epochs or "
                          "stop.seconds in the job")
@@ -109,7 +110,8 @@ def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, it
     # config then tells its readers that worker w is rank w + 1, as the files are written
     job = replace(job, runtime=replace(job.runtime, servers=1))
     recorded = recorded_pushes(replay, job, workers) if train and replay is not None else None
-    trainer = EmulatedTrainer(job, workers, recorded.chunk_bytes if recorded else None) if train else None
+    trainer = EmulatedTrainer(describe_run(job, workers, None), recorded.chunk_bytes if recorded else None) \
+        if train else None
     limits, until = _limits(job, workers, iterations, trainer)
     source = virtual_workers(job, workers, replay)
     try:

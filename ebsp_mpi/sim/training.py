@@ -42,23 +42,24 @@ def check_emulable(job: JobConfig) -> None:
 
 
 class EmulatedTrainer(Trainer):
-    """The weights of one emulated run of `job` with `workers` virtual workers."""
+    """The weights of one emulated run (a ``RunDescription``: its job, workers, data and limits)."""
 
-    def __init__(self, job: JobConfig, workers: int, chunk_bytes: int | None = None):
+    def __init__(self, description, chunk_bytes: int | None = None):
+        job, workers = description.job, description.workers
         check_emulable(job)
-        self.job, self.n = job, workers
+        self.job, self.n, self.description = job, workers, description
         # wait-free backprop: a live worker computes each dense layer's weight gradient in row blocks of
         # its messages (nn.layers.row_blocks), whose GEMMs sum in their own order; so does the replay
         wfbp = job.runtime.wait_free_backprop and chunk_bytes
         self.blocks = {"on_grad_ready": _ignore, "block_elems": int(chunk_bytes) // 4} if wfbp else {}
-        self.ds = build.dataset(job)
-        self.model = build.model(job, self.ds)           # computes every worker's gradient in turn
+        self.ds = description.dataset
+        self.model = description.model()                  # computes every worker's gradient in turn
         self.params = self.model.space.data.copy()        # the server's weights, initialised alike
         self.opt = build.optimizer(job, self.params.size)
         self.lr_at = build.schedule(job)
         self.rule = StalenessRule(job.optim.staleness, job.optim.dc_lambda)
         self.scratch = np.empty_like(self.params)
-        self.streams = [build.batch_stream(job, self.ds, w, workers) for w in range(workers)]
+        self.streams = [description.batch_stream(w) for w in range(workers)]
         self.versions = VersionStore(self.params)
         self.holding: list[int | None] = [None] * workers  # the version each computing worker holds
         self.pending: dict[int, tuple[np.ndarray, int]] = {}  # pushed, not yet applied: (gradient, version used)
@@ -76,10 +77,6 @@ class EmulatedTrainer(Trainer):
         self.gradients = 0
         self.rejected = 0
         self.compute_seconds = 0.0
-
-    def limits(self) -> list[int | None]:
-        """Per worker, its iterations as the server counts them (``stop.iterations`` and ``stop.epochs``)."""
-        return [build.iteration_limit(self.job, s.batches_per_epoch) for s in self.streams]
 
     def begin(self, t0: float) -> None:
         """The run starts at virtual time `t0`: the first evaluation is due ``eval.every_seconds`` later."""
