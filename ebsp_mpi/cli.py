@@ -224,7 +224,7 @@ def _train(args) -> int:
         return run_mpi(job, out, show_progress=not args.quiet, resume=bool(args.resume), plan=plan)
 
     from . import reference
-    from .outputs import describe_run, make_run_dir, remove_if_unused, training_failed
+    from .outputs import describe_run, make_run_dir, release_lock, remove_if_unused, training_failed
 
     run_dir = make_run_dir(out, job.name, resume=bool(args.resume))
     try:
@@ -233,6 +233,7 @@ def _train(args) -> int:
     except UsageError:
         remove_if_unused(run_dir)  # bad input found while setting up: leave no empty run behind
         raise
+    release_lock(run_dir)
     print(describe_run(summary, run_dir))
     failed = training_failed(summary)
     if failed:

@@ -66,11 +66,17 @@ def remove_if_unused(run_dir: Path) -> None:
     dataset file, say) leaves no empty directory behind for the next run to trip over."""
     with contextlib.suppress(OSError):
         if {p.name for p in run_dir.iterdir()} <= {LOCK_FILE}:
-            for f in [f for f in _held_locks if Path(f.name).parent == run_dir]:  # no run left to guard
-                _held_locks.remove(f)
-                f.close()
+            release_lock(run_dir)  # no run left to guard
             (run_dir / LOCK_FILE).unlink(missing_ok=True)
             run_dir.rmdir()
+
+
+def release_lock(run_dir: Path) -> None:
+    """Let go of `run_dir`'s lock once its run has written all it writes: a process that runs many
+    (a sweep of simulations, the tests) holds no file open for each finished one."""
+    for f in [f for f in _held_locks if Path(f.name).parent == Path(run_dir)]:
+        _held_locks.remove(f)
+        f.close()
 
 
 def _lock(run_dir: Path) -> None:

@@ -63,7 +63,7 @@ def main(args) -> int:
     # the run's job says how it ran (a replay of this run then runs the same)
     job.sync.workers = workers
 
-    from ..outputs import make_run_dir, remove_if_unused
+    from ..outputs import make_run_dir, release_lock, remove_if_unused
     from .run import describe, simulate_job
 
     run_dir = make_run_dir(args.out, f"{job.name}-simulated")
@@ -73,6 +73,7 @@ def main(args) -> int:
     except UsageError:
         remove_if_unused(run_dir)
         raise
+    release_lock(run_dir)
     print(describe(summary, run_dir))
     return 0
 

@@ -43,7 +43,7 @@ def run_sweep(path: str, out: str | None, show_progress: bool = True, train: boo
         For a bad sweep file, a member without ``sync.workers``, or a member the simulation refuses.
     """
     from ..config import load_job
-    from ..outputs import make_run_dir
+    from ..outputs import make_run_dir, release_lock
     from ..sweep.runner import Outcome, default_out, write_manifest
     from ..sweep.spec import SweepError, load_sweep
     from .run import simulate_job
@@ -69,10 +69,11 @@ def run_sweep(path: str, out: str | None, show_progress: bool = True, train: boo
                           overrides=list(m.overrides))
         started = time.monotonic()
         try:
-            summary = simulate_job(job, job.sync.workers, make_run_dir(str(out_dir / m.name), job.name),
-                                   show_progress=False, train=train)
+            run_dir = make_run_dir(str(out_dir / m.name), job.name)
+            summary = simulate_job(job, job.sync.workers, run_dir, show_progress=False, train=train)
         except UsageError as e:
             raise SweepError(f"{sweep.path}: member {m.name!r}: {e}") from None
+        release_lock(run_dir)
         outcome.seconds, outcome.status, outcome.returncode = time.monotonic() - started, "ok", 0
         outcomes.append(outcome)
         if show_progress:
@@ -207,7 +208,8 @@ def scaling_figure(rows: list[dict], path: Path) -> None:
     ax.set_title("ElasticBSP: median barrier spread (ms; predicted: the interval spread)", fontsize=10.5, loc="left")
     ax.set_xlabel("workers")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # a sweep without ElasticBSP has no spread to show
+        ax.legend(fontsize=8)
     fig.suptitle("Sync models from 4 to 4,096 simulated workers (log-uniform speeds over 4x, jitter, slow phases)",
                  fontsize=12, fontweight="bold")
     fig.savefig(path, dpi=80)
