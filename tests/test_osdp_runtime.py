@@ -370,9 +370,11 @@ def test_bsp_with_conv_layers_in_slices_equals_the_oracle(tmp_path_factory, tmp_
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("model", ["asp", "ssp", "dssp", "elasticbsp", "psp"])
 def test_every_sync_model_trains_with_on_demand_layers(model, tmp_path):
+    # momentum 0.5, as the other asynchronous runs' tests: at 0.9 stale pushes make the accuracy of a
+    # short run depend on the order they arrived in (0.886 seen once; BSP's exactness is the oracle test's)
     plan = digits_plan(tmp_path, (2, 1, 0), True)
     p = train(4, tmp_path / "run", f"osdp.plan={plan}", f"sync.model={model}", "stop.iterations=120", HIDDEN,
-              "straggler.slowdown=[1, 1, 2]", "straggler.base_s=0.002", timeout=240)
+              "optim.momentum=0.5", "straggler.slowdown=[1, 1, 2]", "straggler.base_s=0.002", timeout=240)
     assert p.returncode == 0, p.stderr
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert s["iterations"] == [120, 120, 120] and s["rejected_pushes"] == 0
