@@ -240,3 +240,24 @@ def test_the_cupy_step_is_the_numpy_step_to_the_bit(mu, nesterov, wd):
         device.step(dp[300:700], cupy.asarray(g[:400]), lr, offset=300)
     np.testing.assert_array_equal(dp.get(), p)
     np.testing.assert_array_equal(device.velocity.get(), host.velocity)
+
+
+def test_the_fused_step_is_the_default_only_for_large_buffers():
+    from ebsp_mpi.nn.optim import FUSED_MIN_SIZE
+
+    assert not SGD(FUSED_MIN_SIZE - 1, momentum=0.9).fused
+    assert SGD(FUSED_MIN_SIZE, momentum=0.9).fused is kernels.AVAILABLE
+
+
+def test_training_the_digits_mlp_never_loads_numba(tmp_path):
+    """Loading Numba costs every process about 1.7 s; the default job's model is too small to gain it
+    back, and a NaN check alone never loads it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from ebsp_mpi.cli import main; "
+            f"main(['train', '--set', 'stop.iterations=3', '--set', 'stop.epochs=0', '-q', '--out', {str(tmp_path / 'run')!r}]); "
+            "print('numba' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split()[-1] == "False"

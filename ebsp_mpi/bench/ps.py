@@ -372,7 +372,7 @@ def update_case(params: int, reps: int) -> list[dict]:
     from ..nn import kernels
 
     job = job_for(params, 1, "asp", False)
-    opt = build.optimizer(job, params)
+    opt = build.optimizer(job, params, fused=kernels.AVAILABLE)  # at every size, small ones too
     numpy_opt = build.optimizer(job, params, fused=False)
     rng = np.random.default_rng(0)
     p = rng.standard_normal(params, dtype=np.float32)

@@ -34,7 +34,6 @@ import numpy as np
 from mpi4py import MPI
 
 from ..backend import resolve_backend
-from ..nn.kernels import warm_up
 from ..straggler import straggler_model
 from .comm import Context, Silence, open_rank_trace, wait_all
 from .faults import fault_for
@@ -76,7 +75,6 @@ class Worker:
         self.stream.seek(start_iteration)  # batches and jitter follow from the iteration: nothing else to restore
         self.straggler = straggler_model(job.straggler, ctx.workers, job.seed)
         self.buffers = WireBuffers.of(self.model.space, self.backend, job.runtime.cuda_aware_mpi)
-        warm_up()  # the NaN/Inf check of every pushed chunk: compiled now, not in the first (timed) push
         self.layout = make_layout(ctx, job, self.model, description.plan_doc)
         self.bytes, self.finite = ByteCounter(), FiniteCheck()
         self._make_wire()
