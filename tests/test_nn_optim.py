@@ -135,22 +135,30 @@ def test_fused_step_rejects_2d_arrays():
         opt.step(np.ones((4, 5), np.float32), np.ones((4, 5), np.float32), 0.5)
 
 
-@needs_numba
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_all_finite_finds_every_kind_of_non_finite(dtype):
     info = np.finfo(dtype)
     ok = np.array([0.0, -0.0, 1.0, -1.0, info.max, -info.max, info.tiny, info.smallest_subnormal],
                   dtype=dtype)
     assert kernels.all_finite(ok) and kernels.all_finite(ok[:0])
-    for bad in (np.nan, -np.nan, np.inf, -np.inf):
+    assert kernels.all_finite(np.full(100_000, info.max, dtype=dtype))  # no product can overflow
+    bits = np.uint32 if dtype == np.float32 else np.uint64
+    exponent = np.finfo(dtype).nexp
+    quiet, signalling = bits(0b11 << (np.finfo(dtype).nmant - 1)), bits(1)  # NaN payloads, besides np.nan's
+    all_ones = bits(((1 << exponent) - 1) << np.finfo(dtype).nmant)
+    payloads = [(all_ones | quiet).view(dtype), (all_ones | signalling).view(dtype)]
+    for bad in (np.nan, -np.nan, np.inf, -np.inf, *payloads):
         for where in (0, 3, 1000, 4095):
             a = np.ones(4096, dtype=dtype)
             a[where] = bad
             assert not kernels.all_finite(a), (bad, where)
+        big = np.ones(300_000, dtype=dtype)  # past the zeros asked for so far: the buffer grows
+        big[-1] = bad
+        assert not kernels.all_finite(big) and kernels.all_finite(big[:-1])
 
 
 @pytest.mark.parametrize("layout", ["strided", "2-D", "float16", "read-only"])
-def test_all_finite_on_arrays_the_loop_is_not_built_for(layout):
+def test_all_finite_on_arrays_of_other_layouts(layout):
     a = np.ones(64, dtype=np.float16 if layout == "float16" else np.float32)
     view = {"strided": a[::2], "2-D": a.reshape(8, 8)}.get(layout, a)
     assert kernels.all_finite(view)

@@ -1,5 +1,5 @@
-"""Fused CPU loops for the two passes the parameter server makes over every gradient: the NaN/Inf
-check and the SGD update.
+"""The two passes the parameter server makes over every gradient on the CPU: the SGD update, fused
+into one compiled loop, and the NaN/Inf check (one BLAS dot product, :func:`all_finite`).
 
 NumPy runs ``v = mu*v + g; p -= lr*v`` as four ufunc passes, and each pass reads and writes a whole
 block; a compiled loop does it in one pass, reading ``p``, ``g``, ``v`` and writing ``p``, ``v`` once
@@ -58,8 +58,7 @@ def _loops() -> SimpleNamespace | None:
 
         _compiled = SimpleNamespace(sgd=jit("void(T[::1], T[::1], T[::1])", _sgd),
                                     momentum=jit("void(T[::1], T[::1], T[::1], T[::1])", _momentum),
-                                    nesterov=jit("void(T[::1], T[::1], T[::1], T[::1])", _nesterov),
-                                    finite=jit("b1(T[::1])", _finite))
+                                    nesterov=jit("void(T[::1], T[::1], T[::1], T[::1])", _nesterov))
     return _compiled
 
 
@@ -106,22 +105,6 @@ def _nesterov(p, g, v, coef):
             p[i] = (p[i] - gi * lr) - vi * lr_mu
 
 
-def _finite(a):
-    # One pass over the bits: an exponent of all ones means Inf or NaN. A max over integers vectorizes
-    # (a float reduction would not, without fastmath).
-    if a.itemsize == 4:
-        bits32, mask32 = a.view(np.uint32), np.uint32(0x7F800000)
-        m32 = np.uint32(0)
-        for i in range(bits32.shape[0]):
-            m32 = max(m32, bits32[i] & mask32)
-        return m32 != mask32
-    bits64, mask64 = a.view(np.uint64), np.uint64(0x7FF0000000000000)
-    m64 = np.uint64(0)
-    for i in range(bits64.shape[0]):
-        m64 = max(m64, bits64[i] & mask64)
-    return m64 != mask64
-
-
 def make_step(dtype, *, momentum: float, nesterov: bool, weight_decay: float):
     """The fused SGD update for one configuration: a function ``step(p, g, v, lr)`` that updates in
     place exactly as ``SGD._step_block`` does with NumPy (same operations, same order).
@@ -158,20 +141,30 @@ def make_step(dtype, *, momentum: float, nesterov: bool, weight_decay: float):
 def all_finite(a) -> bool:
     """True when the float array `a` holds no NaN or Inf.
 
-    Where this process has loaded the fused loops (a fused optimizer did) and `a` is a 1-D,
-    contiguous float32 or float64 NumPy array: one pass over the bits, looking for an exponent of all
-    ones, about 1.5x faster than two float reductions on 1e7 elements (as fast below 1e6). Otherwise
-    min and max, which propagate NaN (and +-Inf is an extreme itself): two reductions without the
-    temporary array of ``isfinite(a).all()``. The check never loads Numba itself: a worker that only
-    checks its pushes would pay Numba's load (about 1.7 s) for nothing.
+    A 1-D float32 or float64 NumPy array: its dot product with zeros, one BLAS pass. Each product is
+    0 for a finite value and NaN for a NaN or an Inf (0 * Inf is NaN), so the sum is finite exactly
+    when every value is; it never overflows. As fast as a compiled loop over the bits, and 1.5 - 2x
+    faster than min and max (measured: 4.9 us on 17,500 float32, 3.98 ms on 1e7). Otherwise (other
+    dtypes, more dimensions, device arrays) min and max, which propagate NaN (and +-Inf is an extreme
+    itself): two reductions without the temporary array of ``isfinite(a).all()``.
     """
-    loops = _compiled
-    if loops is not None and type(a) is np.ndarray:
-        try:
-            return loops.finite(a)
-        except TypeError:  # not a dtype and layout the loop is compiled for
-            pass
+    if type(a) is np.ndarray and a.ndim == 1 and (a.dtype == np.float32 or a.dtype == np.float64):
+        with np.errstate(invalid="ignore"):  # a NaN product is the answer, not a warning
+            return bool(np.isfinite(np.dot(a, _zeros(a.dtype, a.size))))
     return bool(np.isfinite(a.max()) and np.isfinite(a.min())) if a.size else True
+
+
+_ZEROS: dict = {}
+
+
+def _zeros(dtype, n: int) -> np.ndarray:
+    """`n` zeros of `dtype`, a view of one buffer per dtype that grows to the largest `n` asked for
+    (a large one is calloc'ed: untouched pages are the kernel's one zero page, so reading it costs no
+    memory and stays in cache)."""
+    z = _ZEROS.get(dtype)
+    if z is None or z.size < n:
+        z = _ZEROS[dtype] = np.zeros(max(n, 1024), dtype=dtype)
+    return z[:n]
 
 
 def warm_up(dtype=np.float32) -> bool:

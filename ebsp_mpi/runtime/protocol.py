@@ -63,7 +63,8 @@ CHUNK_TAG0 = 100
 #: computed from, the minibatch loss, the injected straggler delay (s), epochs of its shard done, the
 #: seconds of forward + backward, and the seconds the worker waited for the weights it used (the server
 #: sums these three per worker, so that a checkpoint knows them), and 1 when every value the push
-#: carries (gradient chunks, sufficient factors) is finite (each server checks its own part against it)
+#: carries (gradient chunks, sufficient factors) is finite: the worker checks each value before sending it,
+#: and every server rejects the push whole when the header says no
 PUSH_FIELDS = ("iteration", "version", "loss", "injected_delay_s", "epoch", "compute_s", "wait_s", "finite")
 #: pull reply header: the model version of the weights that follow, 1 when the worker must stop, 1 when
 #: the worker should flush its trace (the server has written a checkpoint: what a resumed run keeps of

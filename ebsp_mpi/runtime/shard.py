@@ -24,7 +24,6 @@ from mpi4py import MPI
 from .. import build
 from ..nn.average import round_mean
 from ..nn.factors import rebuild_gradient
-from ..nn.kernels import all_finite
 from ..nn.staleness import StalenessRule
 from ..nn.versions import VersionStore
 from .hybrid import PS, SFB, ByteCounter, Stacked
@@ -139,14 +138,12 @@ class ShardStore:
         self.parts = len(self.recvs) // n
         self.statuses = [MPI.Status() for _ in self.recvs]
         self.missing = np.zeros(n, dtype=np.int64)  # parts of the current push not yet arrived
-        self.bad = np.zeros(n, dtype=bool)  # a part of the current push held NaN or Inf
 
     # -- pushes ---------------------------------------------------------------------------------
 
     def expect_push(self, w: int) -> None:
         """Post the receives of `w`'s next push (before `w` can send it: with its pull reply)."""
         self.missing[w] = self.parts
-        self.bad[w] = False
         MPI.Prequest.Startall(self.recvs[w * self.parts:(w + 1) * self.parts])
 
     def take_parts(self, last_heard: np.ndarray | None = None, now: float = 0.0) -> Arrivals:
@@ -162,8 +159,6 @@ class ShardStore:
                                     f"{self.statuses[k].Get_tag()} has {count} values, expected {expected}")
             if piece is not None:
                 self.bytes.received(tensor, scheme, piece.nbytes)
-                if not all_finite(piece):  # checked now, while the chunk is in cache
-                    self.bad[w] = True
             if last_heard is not None:
                 last_heard[w] = now
             self.missing[w] -= 1
@@ -173,17 +168,14 @@ class ShardStore:
 
     def rejected(self, w: int, iteration: int) -> bool:
         """Whether `w`'s complete push (its `iteration`-th) is rejected: its header says some value was
-        NaN or Inf. Every server reads the same header, so all reject the same pushes; a part found
-        bad here that the header calls finite is a protocol error, never applied."""
+        NaN or Inf. Every server reads the same header, so all reject the same pushes. The worker
+        checked every value before it sent it (``wire_dense.FiniteCheck``), once: MPI delivers those
+        bytes, so a second check here would only lengthen the server's round."""
         head = self.headers[w]
         if int(head[PUSH.iteration]) != iteration:
             raise ProtocolError(f"push from rank {self.ctx.worker_rank(w)}: iteration {int(head[PUSH.iteration])}, "
                                 f"expected {iteration}")
-        finite = bool(head[PUSH.finite])
-        if self.bad[w] and finite:
-            raise ProtocolError(f"push {iteration} from rank {self.ctx.worker_rank(w)} holds NaN or Inf on "
-                                f"server rank {self.ctx.rank}, but its header calls it finite")
-        return not finite
+        return not head[PUSH.finite]
 
     def apply(self, w: int, version: int) -> None:
         """Apply `w`'s push as one optimizer step, at the learning rate of `version`."""
