@@ -98,6 +98,12 @@ class ByteCounter:
 
     def __init__(self):
         self.counts: dict[tuple[str, str], list[int]] = {}
+        self.deferred: list = []
+
+    def defer(self, settle) -> None:
+        """Call ``settle()`` before the counts are read: a sender that counts its messages cheaply
+        (how many, not how many bytes each time) adds their bytes there."""
+        self.deferred.append(settle)
 
     def sent(self, tensor: str, scheme: str, nbytes: int) -> None:
         self.counts.setdefault((tensor, scheme), [0, 0])[0] += int(nbytes)
@@ -107,6 +113,8 @@ class ByteCounter:
 
     def as_dict(self) -> dict:
         """``{tensor: {scheme: {"sent": bytes, "received": bytes}}}``, plus ``"total"`` per scheme."""
+        for settle in self.deferred:
+            settle()
         out: dict = {}
         totals: dict = {}
         for (tensor, scheme), (s, r) in sorted(self.counts.items()):

@@ -96,6 +96,9 @@ class ShardStore:
         self.pulled = np.zeros(self.n, dtype=bool)  # each worker has had its first (whole) reply
         self.factors = Stacked(self.sfb, self.n, job.data.batch_size) if self.sfb else None
         self.bytes = ByteCounter()
+        # messages counted one by one, their bytes added up when the counts are read (_settle_counts)
+        self.sends_of_chunk: dict[int, list[int]] = {}  # chunk index -> [reply sends, bytes each]
+        self.bytes.defer(self._settle_counts)
         self.round_based = round_based
         self.mean_buf = np.empty_like(params) if round_based else None  # a round's mean
         self._make_receives(ctx, self.pushed_chunks)
@@ -136,6 +139,7 @@ class ShardStore:
             self.recvs.append(ctx.comm.Recv_init([self.headers[w], MPI.DOUBLE], ctx.worker_rank(w), PUSH_TAG))
             self.part_of.append((w, len(PUSH_FIELDS), MPI.DOUBLE, None, None, None))
         self.parts = len(self.recvs) // n
+        self.arrivals_of_part = [0] * len(self.part_of)
         self.statuses = [MPI.Status() for _ in self.recvs]
         self.missing = np.zeros(n, dtype=np.int64)  # parts of the current push not yet arrived
 
@@ -152,13 +156,13 @@ class ShardStore:
         done = MPI.Request.Testsome(self.recvs, self.statuses)
         complete = []
         for k, i in enumerate(done or ()):  # statuses[k] belongs to done[k], as in MPI_Testsome
-            w, expected, datatype, piece, tensor, scheme = self.part_of[i]
+            w, expected, datatype, piece = self.part_of[i][:4]
             count = self.statuses[k].Get_count(datatype)
             if count != expected:
                 raise ProtocolError(f"push from rank {self.ctx.worker_rank(w)}: message with tag "
                                     f"{self.statuses[k].Get_tag()} has {count} values, expected {expected}")
             if piece is not None:
-                self.bytes.received(tensor, scheme, piece.nbytes)
+                self.arrivals_of_part[i] += 1
             if last_heard is not None:
                 last_heard[w] = now
             self.missing[w] -= 1
@@ -278,7 +282,21 @@ class ShardStore:
             self.versions.hold(self.versions.version)
 
     def _count_sent(self, c) -> None:
-        self.bytes.sent(self.chunk_tensor[c.tag - CHUNK_TAG0], PS, c.size * self.params.itemsize)
+        sends = self.sends_of_chunk.get(c.tag)
+        if sends is None:
+            sends = self.sends_of_chunk[c.tag] = [0, c.size * self.params.itemsize]
+        sends[0] += 1
+
+    def _settle_counts(self) -> None:
+        """Add the bytes of the parts received and the chunks sent so far to the byte counter."""
+        for i, n in enumerate(self.arrivals_of_part):
+            _, _, _, piece, tensor, scheme = self.part_of[i]
+            if n and piece is not None:
+                self.bytes.received(tensor, scheme, n * piece.nbytes)
+        for tag, (n, nbytes) in self.sends_of_chunk.items():
+            self.bytes.sent(self.chunk_tensor[tag - CHUNK_TAG0], PS, n * nbytes)
+        self.arrivals_of_part = [0] * len(self.part_of)
+        self.sends_of_chunk = {}
 
     def complete_replies(self) -> bool:
         """Take the replies whose sends have completed; True when any send of a reply completed
@@ -286,10 +304,13 @@ class ShardStore:
         large message only while both ends poll)."""
         progressed, finished = False, []
         for r in self.replies:
-            progressed |= bool(MPI.Request.Testsome(r.requests))
-            if not any(r.requests):  # a completed send's request is MPI_REQUEST_NULL, which is falsy
-                finished.append(r)
+            done = MPI.Request.Testsome(r.requests)  # None: no request was left active
+            if done is None or done:
                 progressed = True
+                # a completed send's request is MPI_REQUEST_NULL, which is falsy; looked at only
+                # when some send completed, since the server's loop calls this at every turn
+                if done is None or not any(r.requests):
+                    finished.append(r)
         if not finished:
             return progressed
         self.replies = [r for r in self.replies if r not in finished]

@@ -125,6 +125,18 @@ class DenseWire:
         # everything a push sends: completed before the gradient is written again
         self.outgoing = Requests(list(self.pushes.values()) + self.header_sends,
                                  [owner[k] for k in self.pushes] + list(range(ctx.servers)))
+        # every push sends the same chunks and every pull receives the same: the byte counts are
+        # multiplied out when read (ByteCounter.defer), not added up message by message
+        sent = [k for k in held if not self.never_sent[k]]
+        self.per_push = _bytes_per_tensor(sent, self.chunk_tensor, chunks, buffers.grad.itemsize)
+        self.per_pull = {True: _bytes_per_tensor(held, self.chunk_tensor, chunks, buffers.params.itemsize),
+                         False: _bytes_per_tensor(self.pulled_chunks, self.chunk_tensor, chunks,
+                                                  buffers.params.itemsize)}
+        self.pushes_done, self.pulls_done = 0, {True: 0, False: 0}
+        bytes.defer(self._settle_counts)
+        # what the NaN/Inf check reads once per push, after the last chunk went: the sent chunks'
+        # slices, merged where they touch (one run for a model without SFB or on-demand layers)
+        self.check_runs = _merged([self.local[k] for k in sent])
 
     def begin_push(self) -> None:
         self.started[:] = self.never_sent
@@ -136,8 +148,14 @@ class DenseWire:
         self._push_chunks([k for k in self.chunks_of[name] if self.chunks[k].stop <= end])
 
     def push_rest(self) -> None:
-        """Send the chunks of this push not sent yet (all of them without wait-free backprop)."""
+        """Send the chunks of this push not sent yet (all of them without wait-free backprop), then
+        check what the push sent for NaN and Inf: the header, sent after this, carries the verdict.
+        One check over the whole gradient costs a few microseconds; one per chunk cost the Python
+        around it again for each chunk."""
         self._push_chunks(range(len(self.chunks)))
+        for run in self.check_runs:
+            self.check(self.buf.grad[run])
+        self.pushes_done += 1
 
     def _push_chunks(self, indices) -> None:
         """Start the sends of the gradient chunks `indices` that have not gone out yet in this push."""
@@ -150,10 +168,8 @@ class DenseWire:
             at = self.local[k]
             if buf.staged:  # the device has finished this slice (synchronized by to_host)
                 buf.grad[at] = buf.backend.to_host(buf.space.grad[at])
-            self.check(buf.grad[at])  # now, while the chunk is in cache
             self.pushes[k].Start()
             self.started[k] = True
-            self.bytes.sent(self.chunk_tensor[k], PS, self.chunks[k].size * buf.grad.itemsize)
 
     def post_pull(self) -> Requests:
         """Post the receives of the next reply (before the header goes, so that it finds them)."""
@@ -171,9 +187,36 @@ class DenseWire:
         MPI.Prequest.Startall(self.header_sends)
 
     def count_pull(self, first: bool) -> None:
-        """Count the bytes of the pull just received."""
-        for k in self.first_chunks if first else self.pulled_chunks:
-            self.bytes.received(self.chunk_tensor[k], PS, self.chunks[k].size * self.buf.params.itemsize)
+        """Count the pull just received (its bytes are added up when the counts are read)."""
+        self.pulls_done[first] += 1
+
+    def _settle_counts(self) -> None:
+        """Add the bytes of the pushes and pulls counted so far to the byte counter."""
+        for tensor, nbytes in self.per_push if self.pushes_done else ():
+            self.bytes.sent(tensor, PS, nbytes * self.pushes_done)
+        for first, n in self.pulls_done.items():
+            for tensor, nbytes in self.per_pull[first] if n else ():
+                self.bytes.received(tensor, PS, nbytes * n)
+        self.pushes_done, self.pulls_done = 0, {True: 0, False: 0}
+
+
+def _bytes_per_tensor(indices, chunk_tensor, chunks, itemsize: int) -> list[tuple[str, int]]:
+    """``(tensor, bytes)`` of the chunks `indices`, summed per tensor."""
+    out: dict[str, int] = {}
+    for k in indices:
+        out[chunk_tensor[k]] = out.get(chunk_tensor[k], 0) + chunks[k].size * itemsize
+    return list(out.items())
+
+
+def _merged(slices) -> list[slice]:
+    """`slices` (step 1) sorted, with those that touch or overlap joined into one."""
+    runs: list[list[int]] = []
+    for s in sorted(slices, key=lambda s: s.start):
+        if runs and s.start <= runs[-1][1]:
+            runs[-1][1] = max(runs[-1][1], s.stop)
+        else:
+            runs.append([s.start, s.stop])
+    return [slice(a, b) for a, b in runs]
 
 
 def _local_slice(space, tensor: str, c) -> slice | None:
