@@ -166,6 +166,31 @@ def test_a_wait_on_the_server_counts_its_keep_alives_as_word_from_it(monkeypatch
         silence.check()
 
 
+def test_a_wait_looks_at_its_deadline_at_most_every_few_milliseconds(monkeypatch):
+    """Each look at the keep-alive is an MPI call; a waiting rank polls every 20 - 200 us."""
+    from ebsp_mpi.runtime import comm
+
+    clock = [0.0]
+    monkeypatch.setattr(comm.time, "monotonic", lambda: clock[0])
+
+    class KeepAlive:
+        tests = 0
+
+        def Test(self):
+            self.tests += 1
+            return False
+
+    keepalive = KeepAlive()
+    silence = comm.Silence(4.0, "the server (rank 0)", keepalive)
+    for step in range(100):  # 100 polls 20 us apart: 2 ms
+        clock[0] = step * 2e-5
+        silence.check()
+    assert keepalive.tests == 1
+    clock[0] = 4.1  # still, past the timeout the next look raises
+    with pytest.raises(comm.StallError):
+        silence.check()
+
+
 def test_orders_round_trip_through_their_encoding():
     from ebsp_mpi.runtime.protocol import (ApplyOrder, EndOrder, ReplyOrder, RoundOrder, SnapshotOrder,
                                            decode_orders, encode_orders)

@@ -59,14 +59,23 @@ class Silence:
         one that arrives counts as a message, and the receive is posted again.
     """
 
+    #: a check looks at the clock and the keep-alive at most this often: a waiting rank polls every
+    #: 20 - 200 us, and each look costs an MPI call, where the deadline is seconds away
+    EVERY_S = 2e-3
+
     def __init__(self, timeout_s: float, what: str, keepalive=None):
         self.timeout_s, self.what, self.keepalive = timeout_s, what, keepalive
+        self.next_look = 0.0
         self.heard()
 
     def heard(self) -> None:
         self.since = time.monotonic()
 
     def check(self) -> None:
+        now = time.monotonic()
+        if now < self.next_look:
+            return
+        self.next_look = now + self.EVERY_S
         if self.keepalive is not None and self.keepalive.Test():
             self.keepalive.Start()
             self.heard()

@@ -80,6 +80,8 @@ class ShardStore:
         self.ctx, self.shard, self.n = ctx, shard, ctx.workers
         self.params = params
         self.lo, self.hi = shard.lo, shard.hi
+        # a server steps on every push or round, on the workers' critical path: the fused step
+        # whatever the size (Numba's load, once, comes before the run's clock starts)
         self.opt = build.optimizer(job, params.size)
         self.lr_at = build.schedule(job)
         self.chunks = layout.chunks[shard.first:shard.stop]
@@ -210,16 +212,17 @@ class ShardStore:
                 V, U = self.factors.of(a, members)
                 rebuild_gradient(V, U, self.mean_buf[a.params].reshape(a.d_in, a.d_out), scale=1.0 / len(members))
                 self.opt.step(self.params[a.params], self.mean_buf[a.params], lr, offset=a.offset)
+        comm, params = self.ctx.comm, self.params
+        to = [(r.requests, self.ctx.worker_rank(r.worker)) for r in replies]
         for c in self.pushed_chunks:
             if members:
                 mean = round_mean([self.grads[w][c.start:c.stop] for w in members], self.mean_buf[c.start:c.stop])
-                self.opt.step(self.params[c.start:c.stop], mean, lr, offset=c.start)
+                self.opt.step(params[c.start:c.stop], mean, lr, offset=c.start)
             if c.tag - CHUNK_TAG0 in self.fetched:
                 continue  # an on-demand unit's: fetched when used, not sent with the reply
-            for r in replies:
-                r.requests.append(self.ctx.comm.Isend([self.params[c.start:c.stop], MPI.FLOAT],
-                                                      self.ctx.worker_rank(r.worker), c.tag))
-                self._count_sent(c)
+            for requests, rank in to:
+                requests.append(comm.Isend([params[c.start:c.stop], MPI.FLOAT], rank, c.tag))
+            self._count_sent(c, len(to))
 
     # -- pull replies ---------------------------------------------------------------------------
 
@@ -281,11 +284,11 @@ class ShardStore:
         if not stop:
             self.versions.hold(self.versions.version)
 
-    def _count_sent(self, c) -> None:
+    def _count_sent(self, c, n: int = 1) -> None:
         sends = self.sends_of_chunk.get(c.tag)
         if sends is None:
             sends = self.sends_of_chunk[c.tag] = [0, c.size * self.params.itemsize]
-        sends[0] += 1
+        sends[0] += n
 
     def _settle_counts(self) -> None:
         """Add the bytes of the parts received and the chunks sent so far to the byte counter."""

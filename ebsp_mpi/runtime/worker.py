@@ -219,7 +219,7 @@ class Worker:
 
     def _untraced(self):
         """A block whose passing allocations the measured peak leaves out (``PeakMemory.excluded``)."""
-        return self.peak.excluded() if self.peak is not None else contextlib.nullcontext()
+        return self.peak.excluded() if self.peak is not None else _NOTHING
 
     def _held_arrays(self) -> list:
         """The arrays this worker keeps for the whole run, for the peak memory (``runtime.peak``)."""
@@ -252,7 +252,13 @@ class Worker:
         return ", ".join(names)
 
 
+#: the context of a block in a run without a measured peak (a nullcontext can be entered again)
+_NOTHING = contextlib.nullcontext()
+
+
 def _joined(parts: list[Requests]) -> Requests:
     """The requests of `parts` as one list, to complete together."""
+    if len(parts) == 1:  # the dense wire alone, as in most runs: its own, made once
+        return parts[0]
     return Requests([r for p in parts for r in p.requests], [s for p in parts for s in p.ranks],
                     first=any(p.first for p in parts))

@@ -29,6 +29,7 @@ flush; a process killed then leaves a consistent file. A kill *during* a flush m
 from __future__ import annotations
 
 import json
+import operator
 import os
 import time
 from collections.abc import Mapping
@@ -85,11 +86,14 @@ def _attr_value(key: str, value: Any) -> tuple[str, Any]:
 class _TableBuffer:
     """Rows of one table waiting to be written: a structured array of fixed length and a fill count."""
 
-    __slots__ = ("count", "dtype", "names", "rows")
+    __slots__ = ("count", "dtype", "names", "row_of", "rows")
 
     def __init__(self, dtype: np.dtype):
         self.dtype = dtype
         self.names = dtype.names
+        # keyword fields -> the row tuple in field order, in C (the server appends rows per push)
+        getter = operator.itemgetter(*self.names)
+        self.row_of = getter if len(self.names) > 1 else (lambda fields: (getter(fields),))
         self.rows = np.zeros(_BUFFER_ROWS, dtype=dtype)
         self.count = 0
 
@@ -207,7 +211,7 @@ class TraceWriter:
         if self._closed:
             raise ValueError(f"trace writer for {self.path} is closed")
         if row is None:
-            row = self._row_from_fields(table, buf.names, fields)
+            row = self._row_from_fields(table, buf, fields)
         elif fields:
             raise TypeError("append: give the row as a tuple or as keyword fields, not both")
         if buf.count == len(buf.rows):
@@ -216,9 +220,10 @@ class TraceWriter:
         buf.count += 1
 
     @staticmethod
-    def _row_from_fields(table: str, names: tuple[str, ...], fields: dict[str, Any]) -> tuple:
+    def _row_from_fields(table: str, buf: _TableBuffer, fields: dict[str, Any]) -> tuple:
+        names = buf.names
         try:
-            row = tuple(fields[name] for name in names)
+            row = buf.row_of(fields)
         except KeyError as err:
             raise ValueError(
                 f"trace table {table!r}: missing field {err.args[0]!r}; fields are {list(names)}"
