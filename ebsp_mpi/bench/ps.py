@@ -8,7 +8,7 @@ and each number k of workers at once (default 1 ... N-1; the other ranks sleep i
   ranks 0..k, a job whose model (an MLP on synthetic data, one hidden layer) has about P parameters,
   and workers whose :meth:`~ebsp_mpi.runtime.worker.Worker.compute_gradient` returns at once, so that
   an iteration is the push (chunks + header, persistent requests), the server's work (arrival with
-  ``Testsome``, NaN/Inf check, the sync policy, the momentum SGD update; under BSP the reply goes
+  ``Testsome``, the sync policy, the momentum SGD update; under BSP the reply goes
   out from the parameters, under the other models from a snapshot of them) and the pull reply.
   Figure: bytes moved per second, ``k * 2 * 4P`` per iteration over the median iteration time seen
   by the workers.
@@ -17,15 +17,17 @@ and each number k of workers at once (default 1 ... N-1; the other ranks sleep i
   answers each, all with blocking ``Waitall`` and nothing computed. Measured before and after the
   runtime's round trip; the median of both.
 - **the server's work in raw MPI**, the runtime's ceiling: the same raw exchange, with rank 0 doing
-  what the server does between a push and its reply under BSP (:class:`ServerWork`: the NaN/Inf check,
-  the workers' mean, the fused momentum step chunk by chunk, each chunk sent once updated) and nothing
-  else: no polling loop, no sync policy, no trace. Its ratio to raw MPI is what the work itself costs on
-  this machine; the runtime's ratio to it is what the runtime adds.
-- **update**: the server's per-push work on a P-element gradient (``nn.kernels.all_finite`` and the
-  job's ``SGD.step``, momentum 0.9) in bytes of gradient per second, against ``y += a * x`` in place
-  on the same sizes (``multiply(x, a, out=t); add(y, t, out=y)``), timed alternately on rank 0. Also
-  shown: the same work done with NumPy passes instead of the fused loops, and the fused work against
-  a compiled one-pass axpy, which moves 3 arrays' worth of bytes where momentum SGD must move 5.
+  what the server does between a push and its reply under BSP (:class:`ServerWork`: the workers'
+  mean, the momentum step chunk by chunk, each chunk sent once updated), each worker the NaN/Inf check
+  of its gradient before it sends, and nothing else: no polling loop, no sync policy, no trace. Its
+  ratio to raw MPI is what the work itself costs on this machine; the runtime's ratio to it is what
+  the runtime adds.
+- **update**: the per-push work on a P-element gradient (``nn.kernels.all_finite``, the worker's, and
+  the job's ``SGD.step``, the server's; momentum 0.9) in bytes of gradient per second, against
+  ``y += a * x`` in place on the same sizes (``multiply(x, a, out=t); add(y, t, out=y)``), timed
+  alternately on rank 0. Also shown: the same work done with NumPy passes instead of the fused loops,
+  and the fused work against a compiled one-pass axpy, which moves 3 arrays' worth of bytes where
+  momentum SGD must move 5.
 """
 
 from __future__ import annotations
@@ -90,8 +92,8 @@ def chunks_of(job, ctx) -> tuple[int, list]:
 
 class ServerWork:
     """The server's work on a BSP round, done the way ``runtime.server.Server`` does it, for the raw
-    MPI exchange: the NaN/Inf check of every gradient, then per chunk the mean of the workers'
-    gradients (summed in worker order) and the job's optimizer step (momentum SGD, fused)."""
+    MPI exchange: per chunk the mean of the workers' gradients (summed in worker order) and the job's
+    optimizer step (momentum SGD). The NaN/Inf check is the workers' (:func:`_raw_worker`)."""
 
     def __init__(self, job, size: int, workers: int):
         from .. import build
@@ -99,11 +101,6 @@ class ServerWork:
         self.opt = build.optimizer(job, size)
         self.lr = float(job.optim.lr)
         self.mean = np.empty(size, dtype=np.float32) if workers > 1 else None
-
-    def check(self, grads: list[np.ndarray]) -> bool:
-        from ..nn.kernels import all_finite
-
-        return all(all_finite(g) for g in grads)
 
     def step(self, grads: list[np.ndarray], params: np.ndarray, c) -> None:
         from ..nn.average import round_mean
@@ -121,8 +118,9 @@ def raw_round_trips(comm, size: int, chunks: list, iterations: int, work: Server
 
     A server keeps the next push's receives posted before it answers (as the runtime's do), so every
     message meets a posted receive. With `work` (one server), rank 0 also does the server's work
-    between the push and the reply: it checks every gradient, then updates the parameters chunk by
-    chunk and sends each chunk as soon as it is updated, as ``ShardStore.apply_round`` does. Returns
+    between the push and the reply: it updates the parameters chunk by chunk and sends each chunk as
+    soon as it is updated, as ``ShardStore.apply_round`` does, and each worker checks its gradient for
+    NaN and Inf before it sends, as ``DenseWire.push_rest`` does. Returns
     each iteration's seconds on a worker, nothing on a server.
 
     Every buffer holds data, as the runtime's do (its workers push a gradient of 1e-3). A buffer that is
@@ -134,7 +132,7 @@ def raw_round_trips(comm, size: int, chunks: list, iterations: int, work: Server
     if comm.Get_rank() < servers:
         _raw_server(comm, size, chunks, iterations, work, servers, owner)
         return []
-    return _raw_worker(comm, size, chunks, iterations, servers, owner)
+    return _raw_worker(comm, size, chunks, iterations, servers, owner, check=work is not None)
 
 
 def _raw_server(comm, size: int, chunks: list, iterations: int, work: ServerWork | None, servers: int,
@@ -162,17 +160,20 @@ def _raw_server(comm, size: int, chunks: list, iterations: int, work: ServerWork
         MPI.Request.Waitall(recvs)
         recvs = post() if i + 1 < iterations else []
         sends = [comm.Isend([reply, MPI.DOUBLE], servers + w, RAW_PULL_TAG) for w in range(n)] if rank == 0 else []
-        apply = work is not None and work.check(grads)
         for c in mine:
-            if apply:
+            if work is not None:
                 work.step(grads, params, c)
             sends += [comm.Isend([params[c.start:c.stop], MPI.FLOAT], servers + w, c.tag) for w in range(n)]
         MPI.Request.Waitall(sends)
 
 
-def _raw_worker(comm, size: int, chunks: list, iterations: int, servers: int, owner: list[int]) -> list[float]:
-    """A worker's side of :func:`raw_round_trips`: each iteration's seconds, push sent to reply received."""
+def _raw_worker(comm, size: int, chunks: list, iterations: int, servers: int, owner: list[int],
+                check: bool = False) -> list[float]:
+    """A worker's side of :func:`raw_round_trips`: each iteration's seconds, push sent to reply received
+    (with `check`, the NaN/Inf check of the gradient first, in the time)."""
     from mpi4py import MPI
+
+    from ..nn.kernels import all_finite
 
     from ..runtime.protocol import PULL_FIELDS, PUSH_FIELDS, header
 
@@ -181,6 +182,8 @@ def _raw_worker(comm, size: int, chunks: list, iterations: int, servers: int, ow
     times = []
     for _ in range(iterations):
         t = time.perf_counter()
+        if check:
+            head[-1] = float(all_finite(grad))  # the header's last field: the verdict
         reqs = [comm.Irecv([reply, MPI.DOUBLE], 0, RAW_PULL_TAG)]
         reqs += [comm.Irecv([params[c.start:c.stop], MPI.FLOAT], owner[k], c.tag) for k, c in enumerate(chunks)]
         reqs += [comm.Isend([grad[c.start:c.stop], MPI.FLOAT], owner[k], c.tag) for k, c in enumerate(chunks)]
@@ -219,10 +222,10 @@ def _timed_worker_class():
 def server_core_timers():
     """Time what the server's core does in each BSP round, around two of its methods: taking push
     messages (the ``Server._serve_pushes`` calls that complete some: MPI's copy of the chunks, which
-    the receiving process does, and the NaN/Inf check of each) and applying the round
+    the receiving process does) and applying the round
     (``Server._apply_round``: the chunked step and the sends of the streamed reply).
 
-    Yields the list that gets one ``(receive + check seconds, step + reply seconds, start of the step)``
+    Yields the list that gets one ``(receive seconds, step + reply seconds, start of the step)``
     per round.
     """
     from ..runtime.server import Server
@@ -271,7 +274,7 @@ def runtime_round_trips(ctx, job, warmup: int) -> tuple[list[list[float]], dict 
     core = None
     if len(rounds) > warmup + 1:
         receive, step, starts = (np.array(column) for column in zip(*rounds[warmup:], strict=True))
-        core = {"receive + check": float(np.median(receive)), "step + reply sends": float(np.median(step)),
+        core = {"receive": float(np.median(receive)), "step + reply sends": float(np.median(step)),
                 "round": float(np.median(np.diff(starts)))}
     return periods[ctx.servers:], (result[1] if read is not None else None), core
 
@@ -492,15 +495,15 @@ def _print_one_server(found: dict, args) -> None:
     print()
     if found["parts"]:
         print("where worker 0's round trip goes (medians, from the traces): push = until the server "
-              "holds it; server + pull = NaN/Inf check, update, reply")
+              "holds it; server + pull = sync policy, update, reply")
         for case, split in found["parts"].items():
             print(f"  {case}: " + ", ".join(f"{name} {human(split[name], 's')}"
                                              for name in ("push", "server + pull", "other")))
         print()
     if found["cores"]:
-        print("what the server's core does per round (medians): receive + check = MPI's copy of the "
-              "push's chunks (the receiver copies) and their NaN/Inf check; step + reply sends = the "
-              "chunked update, each chunk sent when updated")
+        print("what the server's core does per round (medians): receive = MPI's copy of the push's "
+              "chunks (the receiver copies); step + reply sends = the chunked update, each chunk sent "
+              "when updated")
         for case, core in found["cores"].items():
             print(f"  {case}: " + ", ".join(f"{name} {human(value, 's')}" for name, value in core.items()))
         print()

@@ -80,7 +80,7 @@ def breakdown(run_dir, warmup: int) -> dict:
 
     ``compute``: its gradient (``t_compute_end - t_start``); ``push``: from the worker starting its push
     to the server holding all of it (``pushes.t - t_push``); ``server + pull``: from there to the
-    worker holding the new weights (``t_end - pushes.t``: the NaN/Inf check, the sync policy, the
+    worker holding the new weights (``t_end - pushes.t``: the sync policy, the
     update, the reply's copy, and under BSP the wait for the other workers); ``other``: the rest of the
     worker's loop. The first `warmup` iterations are left out.
     """
