@@ -174,7 +174,6 @@ def _raw_worker(comm, size: int, chunks: list, iterations: int, servers: int, ow
     from mpi4py import MPI
 
     from ..nn.kernels import all_finite
-
     from ..runtime.protocol import PULL_FIELDS, PUSH_FIELDS, header
 
     grad, params = _filled(size), _filled(size)

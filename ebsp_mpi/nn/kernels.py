@@ -1,5 +1,5 @@
-"""The two passes the parameter server makes over every gradient on the CPU: the SGD update, fused
-into one compiled loop, and the NaN/Inf check (one BLAS dot product, :func:`all_finite`).
+"""The two passes over every gradient on the CPU: the server's SGD update, fused into one compiled
+loop, and the worker's NaN/Inf check before it sends (one BLAS dot product, :func:`all_finite`).
 
 NumPy runs ``v = mu*v + g; p -= lr*v`` as four ufunc passes, and each pass reads and writes a whole
 block; a compiled loop does it in one pass, reading ``p``, ``g``, ``v`` and writing ``p``, ``v`` once
@@ -143,8 +143,8 @@ def all_finite(a) -> bool:
 
     A 1-D float32 or float64 NumPy array: its dot product with zeros, one BLAS pass. Each product is
     0 for a finite value and NaN for a NaN or an Inf (0 * Inf is NaN), so the sum is finite exactly
-    when every value is; it never overflows. As fast as a compiled loop over the bits, and 1.5 - 2x
-    faster than min and max (measured: 4.9 us on 17,500 float32, 3.98 ms on 1e7). Otherwise (other
+    when every value is; it never overflows. Faster than min and max (measured, with the error-state
+    guard: 8 against 10 us on 17,500 float32; 4.0 against 7.5 ms on 1e7). Otherwise (other
     dtypes, more dimensions, device arrays) min and max, which propagate NaN (and +-Inf is an extreme
     itself): two reductions without the temporary array of ``isfinite(a).all()``.
     """

@@ -112,26 +112,18 @@ class Server:
         self.recorder.record.start(t)  # a resumed run's clock goes on from its checkpoint
         self._carry_out(self.coordinator.start(t), t)
         next_housekeeping = 0.0
-        # a turn of this loop runs every 20 - 200 us while the workers compute: each step below is
-        # guarded by a plain test, so that a turn with nothing to do costs little more than the polls
-        store, peers, recorder = self.store, self.peers, self.recorder
-        record, evaluator = recorder.record, recorder.evaluator
-        while not self.coordinator.finished or store.replies:
+        while not self.coordinator.finished or self.store.replies:
             progressed = self._serve_pushes()
             if self.fetches is not None:
                 progressed |= self.fetches.take(self.last_heard, self.ctx.now())
             now = self.ctx.now()
-            if peers.orders:
-                peers.flush(now)
-            if store.replies:
-                progressed |= store.complete_replies()
-            if evaluator.active:
-                progressed |= recorder.evaluate_slice()
+            self.peers.flush(now)
+            progressed |= self.store.complete_replies()
+            progressed |= self.recorder.evaluate_slice()
             if now >= next_housekeeping:
                 self._housekeeping(now)
                 next_housekeeping = now + HOUSEKEEPING_S
-            if now >= record.next_eval:  # an evaluation is due, unless one is under way
-                recorder.maybe_start_eval(now, self.coordinator.version, self._whole_model)
+            self.recorder.maybe_start_eval(now, self.coordinator.version, self._whole_model)
             if progressed:
                 backoff.reset()
             else:

@@ -80,8 +80,6 @@ class ShardStore:
         self.ctx, self.shard, self.n = ctx, shard, ctx.workers
         self.params = params
         self.lo, self.hi = shard.lo, shard.hi
-        # a server steps on every push or round, on the workers' critical path: the fused step
-        # whatever the size (Numba's load, once, comes before the run's clock starts)
         self.opt = build.optimizer(job, params.size)
         self.lr_at = build.schedule(job)
         self.chunks = layout.chunks[shard.first:shard.stop]
