@@ -135,7 +135,8 @@ def write_manifest(out: Path, sweep: Sweep, ranks: int, outcomes: list[Outcome])
     path = out / MANIFEST
     doc = {"name": sweep.name, "file": str(sweep.path), "base": str(sweep.base) if sweep.base else None,
            "ranks": ranks, "timeout_s": sweep.timeout_s, "members": [asdict(o) for o in outcomes]}
-    tmp = path.with_suffix(".json.tmp")
+    # one temporary file per process: a Slurm array runs its members at once, each writing the manifest
+    tmp = path.with_suffix(f".json.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(clean_tree(doc), indent=2) + "\n")  # a log line or a path may hold anything
     os.replace(tmp, path)
     return path
