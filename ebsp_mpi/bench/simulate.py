@@ -84,12 +84,14 @@ def main(argv=None, records: list | None = None) -> int:
     parser.add_argument("--train", action="store_true",
                         help="emulated training (simulate --train) against a bare loop of the same gradients "
                              "and steps (bench.emulate; give e.g. --iterations 50)")
+    parser.add_argument("--reps", type=int, default=3,
+                        help="with --train: pairs of runs (bare loop, emulation) per policy; medians (default 3)")
     args = parser.parse_args(argv)
     wanted = args.policies.split(",")
     if args.train:
         from ebsp_mpi.bench.emulate import main_train
 
-        return main_train(args.workers, args.iterations, args.seed, wanted, records)
+        return main_train(args.workers, args.iterations, args.seed, wanted, records, max(1, args.reps))
     table = intervals(args.workers, args.seed)
     events = args.workers * args.iterations
     bare = bare_loop(table, args.iterations)
