@@ -95,6 +95,18 @@ def test_bsp_last_leaver_frees_nobody():
     assert p.active == set()
 
 
+def test_the_active_index_follows_every_departure():
+    """PSP draws its samples from ``active_index``; it is built again only when asked after a departure
+    (rebuilding it at each of n departures made a 100,000-worker simulation quadratic)."""
+    p = ASP(6)
+    p.start(0.0)
+    assert p.active_index.tolist() == [0, 1, 2, 3, 4, 5]
+    for w in (3, 0, 5):
+        p.on_leave(w, 1.0)
+        assert p.active_index.tolist() == sorted(p.active) and p.active_sorted() == tuple(sorted(p.active))
+    assert p.active_index.tolist() == [1, 2, 4] and p.active_index.dtype == np.int64
+
+
 # ---------------------------------------------------------------------------------------------------
 # ASP
 

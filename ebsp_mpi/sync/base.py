@@ -83,8 +83,6 @@ class SyncPolicy(ABC):
         self.workers = workers
         self._done = [0] * workers
         self.active: set[int] = set(range(workers))
-        #: the active workers as a sorted index array
-        self.active_index = np.arange(workers)
         self.held: set[int] = set()
         #: barriers released so far: points where held workers were let go together (a BSP round is one;
         #: ASP, SSP and DSSP have none)
@@ -97,6 +95,15 @@ class SyncPolicy(ABC):
         self._alone = [Decision(release=(w,)) for w in range(workers)]
         self._active_list = list(range(workers))  # sorted; a departure deletes by bisection
         self._active_sorted: tuple[int, ...] | None = tuple(range(workers))
+        self._active_index: np.ndarray | None = None
+
+    @property
+    def active_index(self) -> np.ndarray:
+        """The active workers as a sorted int64 index array (built again after a departure, when asked:
+        rebuilding it at every departure made n departures cost O(n^2))."""
+        if self._active_index is None:
+            self._active_index = np.array(self._active_list, dtype=np.int64)
+        return self._active_index
 
     @property
     def done(self) -> np.ndarray:
@@ -145,9 +152,8 @@ class SyncPolicy(ABC):
         """Remove a worker that stopped; nobody waits for it any more."""
         self._check_worker(worker)
         self.active.discard(worker)
-        self._active_sorted = None
+        self._active_sorted = self._active_index = None
         del self._active_list[bisect.bisect_left(self._active_list, worker)]
-        self.active_index = self.active_index[self.active_index != worker]
         self.held.discard(worker)
         self._count[self._done[worker]] -= 1
         self._min = self._least_count()
