@@ -6,6 +6,8 @@ before NumPy loads, as the launcher does for training runs.
 
 import os
 
+import pytest
+
 from ebsp_mpi.runtime.env import limit_threads_under_mpi
 
 limit_threads_under_mpi()
@@ -14,3 +16,26 @@ limit_threads_under_mpi()
 # environment disables bytecode caching, each would compile the package's sources again (about 0.4 s
 # of CPU a process); let them cache it in __pycache__ as Python does by default.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
+#: Test files by their time in the serial pass, the longest first. The README runs the serial pass
+#: under pytest-xdist with ``--dist loadfile``: each worker takes one whole file at a time (so a
+#: file's module fixtures, such as a live run several tests read, run once), in collection order;
+#: starting with the longest files lets the workers end together instead of one finishing a long
+#: file alone. Files not named keep their order after these.
+LONGEST_FIRST = ("test_reliability.py", "test_replay_resumed.py", "test_checkpoint.py", "test_servers.py",
+                 "test_analysis.py", "test_osdp_runtime.py", "test_simulate_live.py", "test_readme.py",
+                 "test_bench.py", "test_emulated_training.py", "test_e2e_mpi.py", "test_simulate.py",
+                 "test_hybcomm.py", "test_plan_osdp.py", "test_analysis_examples.py", "test_sweep.py",
+                 "test_slurm.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # a stable sort: order within a file kept
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per CPU this process may use, at most 8. Each worker launches 5-rank
+    `mpiexec` runs, so more workers than cores would only make the ranks wait for each other."""
+    return max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 8))
