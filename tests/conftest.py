@@ -18,10 +18,10 @@ limit_threads_under_mpi()
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 #: Test files by their time in the serial pass, the longest first. The README runs the serial pass
-#: under pytest-xdist with ``--dist loadfile``: each worker takes one whole file at a time (so a
-#: file's module fixtures, such as a live run several tests read, run once), in collection order;
-#: starting with the longest files lets the workers end together instead of one finishing a long
-#: file alone. Files not named keep their order after these.
+#: under pytest-xdist (``-n auto``; setup.cfg: ``--dist loadfile --no-loadscope-reorder``): each
+#: worker takes one whole file at a time (so a file's module fixtures, such as a live run several
+#: tests read, run once), in collection order; starting with the longest files lets the workers end
+#: together instead of one finishing a long file alone. Files not named keep their order after these.
 LONGEST_FIRST = ("test_reliability.py", "test_replay_resumed.py", "test_checkpoint.py", "test_servers.py",
                  "test_analysis.py", "test_osdp_runtime.py", "test_simulate_live.py", "test_readme.py",
                  "test_bench.py", "test_emulated_training.py", "test_e2e_mpi.py", "test_simulate.py",
