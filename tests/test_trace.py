@@ -400,3 +400,40 @@ def test_a_continued_trace_drops_the_rows_beyond_its_checkpoint_and_appends_afte
         for row in rows[150:]:
             writer.append("pushes", row.item())
     np.testing.assert_array_equal(read_trace(tmp_path / "r.h5").tables["pushes"], rows)
+
+
+def test_rows_a_kill_kept_from_the_file_are_recorded_as_lost_on_resume(tmp_path):
+    """A worker's rows up to iteration 5 reached the file, but the checkpoint counted 9 iterations: the
+    resume records 6-8 as lost (twice resumed: both gaps), and the reader names them, never a silent gap."""
+    pytest.importorskip("pandas")
+    from ebsp_mpi.trace.frames import load_run
+
+    path = trace_path(tmp_path, 1)
+    attrs = {"rank": 1, "role": "worker", "world_size": 2}
+    rows = random_rows(TABLES["iterations"], 20, np.random.default_rng(4))
+    rows["iteration"] = np.arange(20)
+    with TraceWriter(path, attrs, flush_seconds=1e9) as writer:
+        for row in rows[:6]:
+            writer.append("iterations", row.item())
+    with TraceWriter(path, attrs, flush_seconds=1e9, append=True) as writer:
+        writer.truncate("iterations", "iteration", 8)
+        assert writer.mark_lost("iterations", "iteration", 9) == (6, 8)
+        for row in rows[9:12]:
+            writer.append("iterations", row.item())
+    with TraceWriter(path, attrs, flush_seconds=1e9, append=True) as writer:  # resumed at 11: nothing lost
+        writer.truncate("iterations", "iteration", 10)
+        assert writer.mark_lost("iterations", "iteration", 11) is None
+    with TraceWriter(path, attrs, flush_seconds=1e9, append=True) as writer:  # resumed at 14: 11-13 lost
+        writer.truncate("iterations", "iteration", 13)
+        assert writer.mark_lost("iterations", "iteration", 14) == (11, 13)
+    trace = read_trace(path)
+    assert trace.tables["iterations"]["iteration"].tolist() == [0, 1, 2, 3, 4, 5, 9, 10]
+    assert trace.attrs["lost_iterations"] == [[6, 8], [11, 13]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        problems = load_run(tmp_path).problems
+    assert [p for p in problems if "have no rows" in p] == [
+        f"{path}: iterations 6-8 have no rows: the run was killed after its checkpoint counted them and before "
+        "this rank wrote them (the model has their work)",
+        f"{path}: iterations 11-13 have no rows: the run was killed after its checkpoint counted them and before "
+        "this rank wrote them (the model has their work)"]

@@ -86,6 +86,8 @@ class Worker:
                                      device=self.backend.describe(), append=start_iteration > 0)
         if start_iteration > 0:  # the iterations after the checkpoint are done again
             self.trace.truncate("iterations", "iteration", start_iteration - 1)
+            # and those it counted that a kill kept from reaching this file are said to be lost
+            self.trace.mark_lost("iterations", "iteration", start_iteration)
         self.fault = fault_for(ctx.rank, ctx.size)  # EBSP_INJECT_FAULT, to test the failure paths
 
     def _make_wire(self) -> None:

@@ -189,6 +189,11 @@ def _read_traces(run_dir: Path, problems: list) -> dict:
         if missing:
             problems.append(f"{run_dir / 'trace'}: no readable file for rank(s) "
                             f"{', '.join(map(str, missing))} of world size {world}")
+    for rank in sorted(traces):
+        for first, last in traces[rank].attrs.get("lost_iterations") or ():
+            problems.append(f"{traces[rank].path}: iterations {first}-{last} have no rows: the run was killed "
+                            "after its checkpoint counted them and before this rank wrote them (the model has "
+                            "their work)")
     return traces
 
 

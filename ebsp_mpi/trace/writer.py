@@ -195,6 +195,27 @@ class TraceWriter:
         written.resize(kept)
         return kept
 
+    def mark_lost(self, table: str, column: str, resumed_at: int) -> tuple[int, int] | None:
+        """After :meth:`truncate` on a resume: record the counts of `column` (a 0-based count such as
+        ``iteration``) that have no row in `table` although the run resumes at `resumed_at`.
+
+        A run killed after its checkpoint counted some iterations and before this rank flushed their
+        rows loses those rows: the work was done (the checkpoint's model has it), so it is not done
+        again, and the rank's table would jump over it. The gap goes into the root attribute
+        ``lost_<table>``, a list of ``[first, last]`` pairs (one per resume that lost rows), which
+        readers report, instead of a gap nothing explains. Returns the pair, or None when nothing
+        was lost."""
+        self.flush()
+        written = self._datasets.get(table)
+        last = int(written.dataset[column][written.rows - 1]) if written is not None and written.rows else -1
+        if last >= resumed_at - 1:
+            return None
+        key = f"lost_{table}"
+        stored = self._file.attrs.get(f"{key}_json")
+        pairs = (json.loads(stored) if stored is not None else []) + [[last + 1, int(resumed_at) - 1]]
+        self.set_attrs(**{key: pairs})
+        return last + 1, int(resumed_at) - 1
+
     # -- rows -------------------------------------------------------------------------------------
 
     def append(self, table: str, row: tuple | None = None, /, **fields: Any) -> None:
@@ -324,6 +345,9 @@ class NullTrace:
 
     def truncate(self, *args: Any) -> int:
         return 0
+
+    def mark_lost(self, *args: Any) -> None:
+        return None
 
     def set_attrs(self, **attrs: Any) -> None:
         pass
