@@ -1,6 +1,7 @@
 """Checkpoints and ``train --resume DIR``: what a checkpoint holds, which jobs may resume, and runs that
 are killed (kill -9) or stopped (SIGTERM) mid-way and resumed, against the same runs unbroken."""
 
+import contextlib
 import json
 import os
 import signal
@@ -125,7 +126,9 @@ def _stop_mid_run(out: Path, sig: int, *overrides: str) -> subprocess.CompletedP
         time.sleep(1.5)  # set-up done: training, a few checkpoints in
         for rank in range(3):
             for pid in pids_of_rank(out, rank):
-                os.kill(pid, sig)
+                # a rank may be gone already: the launcher ends the job once a rank is killed
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:

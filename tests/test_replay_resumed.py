@@ -4,6 +4,7 @@ Paired by index, a resumed ASP run of 9,805 pushes replayed as 6,620; paired by 
 a run resumed once and twice agrees with it within the 10 % of ``tests/test_simulate_live.py``.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -53,7 +54,9 @@ def kill_mid_run(cmd: list[str], out: Path, trained: float) -> None:
         assert proc.poll() is None, "the run ended before it could be killed"
         for rank in range(5):
             for pid in pids_of_rank(out, rank):
-                os.kill(pid, signal.SIGKILL)
+                # a rank may be gone already: the launcher ends the job once a rank is killed
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
