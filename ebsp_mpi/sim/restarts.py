@@ -26,7 +26,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from ..sync.base import SyncPolicy
-from ..sync.coordinator import Coordinator, Reply
+from ..sync.coordinator import Coordinator
 from ..sync.simulate import SimResult, _interval_function, _Run
 from .workers import Restart
 
@@ -42,15 +42,17 @@ class RestartedRun(_Run):
         #: per worker, the iterations a restart cut short: iteration index -> the time of the reply that ended it
         self.ends: list[dict[int, float]] = [{} for _ in range(coordinator.workers)]
 
-    def reply(self, r: Reply, t: float) -> None:
-        w = r.worker
-        if r.stop or self.coordinator.pushes[w] < self.parked_at[w]:
-            super().reply(r, t)
-            return
-        # released for the iteration the restart starts again: the recorded worker lost that work
-        self.wait[w] += t - self.pulled_at[w]
-        self.pulled_at[w] = None
-        self.ends[w][self.coordinator.pushes[w] - 1] = t
+    def replies(self, replies, t: float, released: list[int]) -> None:
+        for r in replies:
+            w = r.worker
+            if r.stop or self.coordinator.pushes[w] < self.parked_at[w]:
+                super().replies((r,), t, released)
+                continue
+            # released for the iteration the restart starts again: the recorded worker lost that work
+            self.wait[w] += t - self.pulled_at[w]
+            self.pulled_at[w] = None
+            self.ends[w][self.coordinator.pushes[w] - 1] = t
+            released.append(w)
 
     def segment(self, counts: Sequence[int]) -> float:
         """Run until every worker has pushed ``counts[w]`` (or stopped); the time of the last push."""

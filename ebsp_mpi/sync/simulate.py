@@ -262,24 +262,28 @@ class _Run:
         self.releases: list[Release] = []
         self.records: list[Record] = []
 
-    def reply(self, r: Reply, t: float) -> None:
-        """Carry out one reply: the worker starts its next iteration, or stops."""
-        w = r.worker
-        since = self.pulled_at[w]
-        if since is None:
-            raise RuntimeError(f"policy {self.policy.name!r} released worker {w} at t={t}, "
-                               f"whose pull was not pending")
-        self.pulled_at[w] = None
-        self.wait[w] += t - since
-        if r.stop:
-            self.end[w], self.stop_version[w] = t, r.version
-            return
-        self.starts[w].append(t)
-        self.used[w].append(r.version)
-        if self.trainer is not None:
-            self.trainer.released(w, r.version)
-        if self.interval is not None:  # None: the pushes come from a recording
-            heapq.heappush(self.heap, (t + self.interval(w, self.coordinator.pushes[w], t), w))
+    def replies(self, replies, t: float, released: list[int]) -> None:
+        """Carry out a decision's replies: each worker starts its next iteration (added to `released`),
+        or stops. One loop, not a call per reply: a BSP round answers every worker."""
+        pulled_at, wait, starts, used = self.pulled_at, self.wait, self.starts, self.used
+        trainer, interval, heap, pushes = self.trainer, self.interval, self.heap, self.coordinator.pushes
+        for w, version, stop in replies:
+            since = pulled_at[w]
+            if since is None:
+                raise RuntimeError(f"policy {self.policy.name!r} released worker {w} at t={t}, "
+                                   f"whose pull was not pending")
+            pulled_at[w] = None
+            wait[w] += t - since
+            if stop:
+                self.end[w], self.stop_version[w] = t, version
+                continue
+            starts[w].append(t)
+            used[w].append(version)
+            released.append(w)
+            if trainer is not None:
+                trainer.released(w, version)
+            if interval is not None:  # None: the pushes come from a recording
+                heapq.heappush(heap, (t + interval(w, pushes[w], t), w))
 
     def carry_out(self, actions: list, t: float) -> None:
         """The coordinator's actions, in order; without weights, an apply or a round only counts (the
@@ -288,13 +292,13 @@ class _Run:
         for a in actions:
             if self.trainer is not None:
                 self._train(a)
-            replies = a.replies if type(a) is Round else (a,) if type(a) is Reply else ()
-            closed |= type(a) is Round
-            for r in replies:
-                self.reply(r, t)
-                if not r.stop:
-                    released.append(r.worker)
-            if type(a) is Record:
+            kind = type(a)
+            if kind is Round:
+                closed = True
+                self.replies(a.replies, t, released)
+            elif kind is Reply:
+                self.replies((a,), t, released)
+            elif kind is Record:
                 self.records.append(a)
         if self.keep_releases and released:
             policy = self.policy
@@ -348,7 +352,9 @@ class _Run:
             before_append[w](coordinator.version)
             pulled_at[w] = t
             actions = push(w, t)
-            if len(actions) == 2 and type(actions[0]) is Apply and type(actions[1]) is Reply \
+            if not actions:  # held, and nobody released: a BSP round or a bound still open
+                pass
+            elif len(actions) == 2 and type(actions[0]) is Apply and type(actions[1]) is Reply \
                     and not actions[1].stop and pulled_at[actions[1].worker] is not None:
                 # one push applied and a worker released, nothing else: reply() written out for speed
                 v = actions[1].worker
