@@ -39,7 +39,7 @@ from ..sync.registry import make_policy
 from ..sync.simulate import ReplayMismatch, SimResult, simulate
 from ..trace.schema import (BARRIER_MEMBERS, BARRIERS, EVALS, ITERATIONS, PULLS, PUSHES, TABLES,
                             WORKER_ITERATIONS, WORKERS_FILE, ZIPLINE)
-from ..trace.writer import TraceWriter, trace_path
+from ..trace.writer import encode_attrs, trace_path, write_whole
 from ..run_description import describe as describe_run
 from .recorded import recorded_pushes
 from .restarts import simulate_resumed
@@ -180,11 +180,12 @@ def _write_traces(job: JobConfig, run_dir: Path, workers: int, source, result: S
                   policy_tables: dict[str, np.ndarray], iterations_rows: list) -> None:
     """The server's trace and the workers' (one file each, or shared files past WORKER_FILES_MAX)."""
     attrs = _attrs(job, run_dir, workers, source)
-    _write_rank(run_dir, 0, {**attrs, "role": "server"}, {
+    _write_rank(run_dir, 0, encode_attrs({**attrs, "role": "server", "rank": 0}), {
         "pushes": _push_rows(result), "pulls": _pull_rows(result), **policy_tables})
     if workers <= WORKER_FILES_MAX:
+        shared = encode_attrs({**attrs, "role": "worker"})  # the job's attributes, encoded once
         for w in range(workers):
-            _write_rank(run_dir, w + 1, {**attrs, "role": "worker"}, {"iterations": iterations_rows[w]})
+            _write_rank(run_dir, w + 1, {**shared, **encode_attrs({"rank": w + 1})}, {"iterations": iterations_rows[w]})
     else:
         _write_workers(run_dir, attrs, iterations_rows)
 
@@ -340,10 +341,8 @@ def _write_workers(run_dir: Path, attrs: dict, rows: list[np.ndarray]) -> None:
     for name in ITERATIONS.names:
         table[name] = np.concatenate([r[name] for r in rows]) if rows else []
     path = trace_path(run_dir, 0).with_name(WORKERS_FILE)
-    TraceWriter(path, {**attrs, "role": "workers", "workers": len(rows)}).close()
-    with h5py.File(path, "a", libver=_LIBVER) as f:
-        chunk = max(64, _CHUNK_BYTES // table.dtype.itemsize)
-        f.create_dataset("worker_iterations", data=table, maxshape=(None,), chunks=(min(chunk, max(len(table), 1)),))
+    write_whole(path, encode_attrs({**attrs, "role": "workers", "workers": len(rows)}), {"worker_iterations": table},
+                _CHUNK_BYTES)
 
 
 def _write_evals(run_dir: Path, evals: list[tuple[float, int, float, float]]) -> None:
@@ -357,14 +356,9 @@ def _write_evals(run_dir: Path, evals: list[tuple[float, int, float, float]]) ->
             f.create_dataset("evals", data=rows, maxshape=(None,), chunks=(min(len(rows), 1024),))
 
 
-def _write_rank(run_dir: Path, rank: int, attrs: dict, tables: dict[str, np.ndarray]) -> None:
-    """One rank's trace file: the attributes by the live writer (same encoding), the tables in bulk,
-    chunked as the live writer chunks them; a table without rows is left out, as live."""
-    path = trace_path(run_dir, rank)
-    TraceWriter(path, {**attrs, "rank": rank}).close()
-    with h5py.File(path, "a", libver=_LIBVER) as f:
-        for name, rows in tables.items():
-            if len(rows):
-                assert rows.dtype == TABLES[name], name
-                chunk = max(64, _CHUNK_BYTES // rows.dtype.itemsize)
-                f.create_dataset(name, data=rows, maxshape=(None,), chunks=(min(chunk, len(rows)),))
+def _write_rank(run_dir: Path, rank: int, encoded_attrs: dict, tables: dict[str, np.ndarray]) -> None:
+    """One rank's trace file, written whole: the attributes as the live writer encodes them, the tables
+    in bulk, chunked as the live writer chunks them; a table without rows is left out, as live."""
+    for name, rows in tables.items():
+        assert not len(rows) or rows.dtype == TABLES[name], name
+    write_whole(trace_path(run_dir, rank), encoded_attrs, tables, _CHUNK_BYTES)

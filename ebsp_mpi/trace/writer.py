@@ -115,6 +115,33 @@ class _Table:
         self.rows = rows
 
 
+def encode_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """Root attributes as a trace file stores them (:func:`_attr_value`), with the schema version:
+    what :class:`TraceWriter` writes, worked out once for files written whole by :func:`write_whole`."""
+    encoded = {"trace_schema_version": SCHEMA_VERSION}
+    for key, value in attrs.items():
+        name, stored = _attr_value(key, value)
+        encoded[name] = stored
+    return encoded
+
+
+def write_whole(path: str | os.PathLike, encoded_attrs: Mapping[str, Any], tables: Mapping[str, np.ndarray],
+                chunk_bytes: int = 64 * 1024) -> None:
+    """Write a trace file in one go, as a :class:`TraceWriter` would leave it: the root attributes
+    (from :func:`encode_attrs`) and each table that has rows, chunked to about `chunk_bytes`. For the
+    simulator, which writes a thousand files at once: one open each, and the job's attributes
+    encoded once instead of per file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with h5py.File(path, "w", libver=_LIBVER) as f:
+        for name, stored in encoded_attrs.items():
+            f.attrs[name] = stored
+        for name, rows in tables.items():
+            if len(rows):
+                chunk = max(64, chunk_bytes // rows.dtype.itemsize)
+                f.create_dataset(name, data=rows, maxshape=(None,), chunks=(min(chunk, len(rows)),))
+
+
 class TraceWriter:
     """Writes one rank's trace: root attributes and the event tables of :data:`schema.TABLES`.
 
