@@ -356,7 +356,7 @@ class _Run:
                 pass
             elif len(actions) == 2 and type(actions[0]) is Apply and type(actions[1]) is Reply \
                     and not actions[1].stop and pulled_at[actions[1].worker] is not None:
-                # one push applied and a worker released, nothing else: reply() written out for speed
+                # one push applied and a worker released, nothing else: replies() written out for speed
                 v = actions[1].worker
                 wait[v] += t - pulled_at[v]
                 pulled_at[v] = None
