@@ -48,8 +48,6 @@ from .workers import ModelWorkers, ReplayWorkers
 
 #: Workers above which the workers' iterations go into one file, not one file per rank.
 WORKER_FILES_MAX = 1024
-#: Target bytes of one HDF5 chunk, as the live trace writer's.
-_CHUNK_BYTES = 64 * 1024
 _LIBVER = ("earliest", "v108")
 
 
@@ -184,8 +182,8 @@ def _write_traces(job: JobConfig, run_dir: Path, workers: int, source, result: S
         "pushes": _push_rows(result), "pulls": _pull_rows(result), **policy_tables})
     if workers <= WORKER_FILES_MAX:
         shared = encode_attrs({**attrs, "role": "worker"})  # the job's attributes, encoded once
-        for w in range(workers):
-            _write_rank(run_dir, w + 1, {**shared, **encode_attrs({"rank": w + 1})}, {"iterations": iterations_rows[w]})
+        for w in range(workers):  # the rank, an int, is stored as it is
+            _write_rank(run_dir, w + 1, {**shared, "rank": w + 1}, {"iterations": iterations_rows[w]})
     else:
         _write_workers(run_dir, attrs, iterations_rows)
 
@@ -341,8 +339,7 @@ def _write_workers(run_dir: Path, attrs: dict, rows: list[np.ndarray]) -> None:
     for name in ITERATIONS.names:
         table[name] = np.concatenate([r[name] for r in rows]) if rows else []
     path = trace_path(run_dir, 0).with_name(WORKERS_FILE)
-    write_whole(path, encode_attrs({**attrs, "role": "workers", "workers": len(rows)}), {"worker_iterations": table},
-                _CHUNK_BYTES)
+    write_whole(path, encode_attrs({**attrs, "role": "workers", "workers": len(rows)}), {"worker_iterations": table})
 
 
 def _write_evals(run_dir: Path, evals: list[tuple[float, int, float, float]]) -> None:
@@ -357,8 +354,8 @@ def _write_evals(run_dir: Path, evals: list[tuple[float, int, float, float]]) ->
 
 
 def _write_rank(run_dir: Path, rank: int, encoded_attrs: dict, tables: dict[str, np.ndarray]) -> None:
-    """One rank's trace file, written whole: the attributes as the live writer encodes them, the tables
-    in bulk, chunked as the live writer chunks them; a table without rows is left out, as live."""
+    """One rank's trace file, written whole (``trace.writer.write_whole``): the attributes as the live
+    writer encodes them, the tables in bulk; a table without rows is left out, as live."""
     for name, rows in tables.items():
         assert not len(rows) or rows.dtype == TABLES[name], name
-    write_whole(trace_path(run_dir, rank), encoded_attrs, tables, _CHUNK_BYTES)
+    write_whole(trace_path(run_dir, rank), encoded_attrs, tables)

@@ -352,9 +352,7 @@ class _Run:
             before_append[w](coordinator.version)
             pulled_at[w] = t
             actions = push(w, t)
-            if not actions:  # held, and nobody released: a BSP round or a bound still open
-                pass
-            elif len(actions) == 2 and type(actions[0]) is Apply and type(actions[1]) is Reply \
+            if len(actions) == 2 and type(actions[0]) is Apply and type(actions[1]) is Reply \
                     and not actions[1].stop and pulled_at[actions[1].worker] is not None:
                 # one push applied and a worker released, nothing else: replies() written out for speed
                 v = actions[1].worker
@@ -363,7 +361,7 @@ class _Run:
                 start_append[v](t)
                 used_append[v](actions[1].version)
                 heappush(heap, (t + interval(v, pushes[v], t), v))
-            else:
+            elif actions:  # none: held, and nobody released (a BSP round or a bound still open)
                 self.carry_out(actions, t)
             events += 1
             if progress is not None and not events % PROGRESS_EVERY:

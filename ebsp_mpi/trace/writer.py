@@ -49,6 +49,11 @@ _BUFFER_ROWS = 1024
 #: Target bytes of one HDF5 chunk of a table.
 _CHUNK_BYTES = 64 * 1024
 
+
+def _chunk_rows(dtype: np.dtype) -> int:
+    """Rows of one HDF5 chunk of a table of `dtype`: about :data:`_CHUNK_BYTES`, at least 64."""
+    return max(64, _CHUNK_BYTES // dtype.itemsize)
+
 _LIBVER = ("earliest", "v108")
 
 
@@ -125,10 +130,9 @@ def encode_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
     return encoded
 
 
-def write_whole(path: str | os.PathLike, encoded_attrs: Mapping[str, Any], tables: Mapping[str, np.ndarray],
-                chunk_bytes: int = 64 * 1024) -> None:
+def write_whole(path: str | os.PathLike, encoded_attrs: Mapping[str, Any], tables: Mapping[str, np.ndarray]) -> None:
     """Write a trace file in one go, as a :class:`TraceWriter` would leave it: the root attributes
-    (from :func:`encode_attrs`) and each table that has rows, chunked to about `chunk_bytes`. For the
+    (from :func:`encode_attrs`) and each table that has rows, chunked as the writer chunks. For the
     simulator, which writes a thousand files at once: one open each, and the job's attributes
     encoded once instead of per file."""
     path = Path(path)
@@ -138,8 +142,7 @@ def write_whole(path: str | os.PathLike, encoded_attrs: Mapping[str, Any], table
             f.attrs[name] = stored
         for name, rows in tables.items():
             if len(rows):
-                chunk = max(64, chunk_bytes // rows.dtype.itemsize)
-                f.create_dataset(name, data=rows, maxshape=(None,), chunks=(min(chunk, len(rows)),))
+                f.create_dataset(name, data=rows, maxshape=(None,), chunks=(min(_chunk_rows(rows.dtype), len(rows)),))
 
 
 class TraceWriter:
@@ -327,9 +330,8 @@ class TraceWriter:
     def _write_rows(self, name: str, buf: _TableBuffer) -> None:
         written = self._datasets.get(name)
         if written is None:
-            chunk_rows = max(64, _CHUNK_BYTES // buf.dtype.itemsize)
             written = self._datasets[name] = _Table(self._file.create_dataset(
-                name, shape=(0,), maxshape=(None,), chunks=(chunk_rows,), dtype=buf.dtype))
+                name, shape=(0,), maxshape=(None,), chunks=(_chunk_rows(buf.dtype),), dtype=buf.dtype))
         # low-level calls on objects made once (see the module docstring)
         start, count = written.rows, buf.count
         written.resize(start + count)
