@@ -124,12 +124,12 @@ def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, it
     policy_tables = _record_rows(result.records)  # written and summarised both
 
     parts = [source.parts(w, result.start[w], result.push[w]) for w in range(workers)]
-    iterations_rows = [_iteration_rows(result, w, parts[w], ends[w]) for w in range(workers)]
+    iterations, first = _iteration_table(result, parts, ends)
     if job.trace.enabled:
-        _write_traces(job, run_dir, workers, source, result, policy_tables, iterations_rows)
+        _write_traces(job, run_dir, workers, source, result, policy_tables, iterations, first)
     if trainer is not None:
         _finish_training(job, run_dir, trainer, result, policy.name)
-    summary = _summary(job, policy.name, workers, result, parts, iterations_rows, trainer)
+    summary = _summary(job, policy.name, workers, result, parts, iterations, first, trainer)
     summary["simulation"] = {
         "source": source.source, "replay": None if replay is None else str(replay),
         "iterations_limit": limits[0] if len(set(limits)) == 1 else None,
@@ -175,17 +175,18 @@ def _schedule(job: JobConfig, workers: int, source, policy, limits: list, until:
 
 
 def _write_traces(job: JobConfig, run_dir: Path, workers: int, source, result: SimResult,
-                  policy_tables: dict[str, np.ndarray], iterations_rows: list) -> None:
-    """The server's trace and the workers' (one file each, or shared files past WORKER_FILES_MAX)."""
+                  policy_tables: dict[str, np.ndarray], iterations: np.ndarray, first: np.ndarray) -> None:
+    """The server's trace and the workers' (one file each, or shared files past WORKER_FILES_MAX);
+    `iterations` holds every worker's rows, worker w's from ``first[w]`` to ``first[w + 1]``."""
     attrs = _attrs(job, run_dir, workers, source)
     _write_rank(run_dir, 0, encode_attrs({**attrs, "role": "server", "rank": 0}), {
         "pushes": _push_rows(result), "pulls": _pull_rows(result), **policy_tables})
     if workers <= WORKER_FILES_MAX:
         shared = encode_attrs({**attrs, "role": "worker"})  # the job's attributes, encoded once
         for w in range(workers):  # the rank, an int, is stored as it is
-            _write_rank(run_dir, w + 1, {**shared, "rank": w + 1}, {"iterations": iterations_rows[w]})
+            _write_rank(run_dir, w + 1, {**shared, "rank": w + 1}, {"iterations": iterations[first[w]:first[w + 1]]})
     else:
-        _write_workers(run_dir, attrs, iterations_rows)
+        _write_workers(run_dir, attrs, iterations, first)
 
 
 def _finish_training(job: JobConfig, run_dir: Path, trainer: EmulatedTrainer, result: SimResult, sync: str) -> None:
@@ -197,8 +198,8 @@ def _finish_training(job: JobConfig, run_dir: Path, trainer: EmulatedTrainer, re
         _write_evals(run_dir, trainer.evals)
 
 
-def _summary(job: JobConfig, sync: str, workers: int, result: SimResult, parts: list, iterations_rows: list,
-             trainer: EmulatedTrainer | None = None) -> dict:
+def _summary(job: JobConfig, sync: str, workers: int, result: SimResult, parts: list, iterations: np.ndarray,
+             first: np.ndarray, trainer: EmulatedTrainer | None = None) -> dict:
     """The keys every run's summary has, as a simulation fills them (no MPI; without real weights, no
     loss and no accuracy either)."""
     trained = trainer is not None
@@ -206,7 +207,7 @@ def _summary(job: JobConfig, sync: str, workers: int, result: SimResult, parts: 
         job, sync=sync, world_size=workers + 1, backend="simulated",
         wall_seconds=float(np.nanmax(result.end)) if workers else 0.0,
         iterations=[len(p) for p in result.push],
-        wait_seconds=[float(rows["wait_s"].sum()) for rows in iterations_rows],
+        wait_seconds=_per_worker_sums(iterations["wait_s"], first),
         compute_seconds=[float(p.compute[:-1].sum()) for p in parts],
         injected_delay_seconds=[float(p.delay[:-1].sum()) for p in parts],
         barriers=result.barriers, rejected_pushes=trainer.rejected if trained else 0, versions=result.versions,
@@ -259,26 +260,49 @@ def describe(summary: dict, run_dir) -> str:
 # -- the trace tables --------------------------------------------------------------------------------
 
 
-def _iteration_rows(result: SimResult, w: int, parts, ends: dict[int, float] | None = None) -> np.ndarray:
-    """Worker `w`'s ``iterations`` rows. `parts` holds one iteration more than it did: the phases of the
-    reply that stopped it (its transit ends the last iteration). `ends`: iterations a restart cut short,
-    with the time of the reply that ended each (``sim.restarts``)."""
-    start, k = result.start[w], len(result.start[w])
-    rows = np.zeros(k, dtype=ITERATIONS)
-    rows["iteration"] = np.arange(k)
-    rows["t_start"] = start + parts.down[:k]
-    rows["t_compute_end"] = rows["t_start"] + parts.compute[:k] + parts.delay[:k]
-    rows["t_push"] = rows["t_compute_end"] + parts.push[:k]
-    replies = np.append(start[1:], result.end[w])  # what ended each iteration: the next release, or the stop
-    for i, t in (ends or {}).items():
-        replies[i] = t
-    rows["t_end"] = np.maximum(replies + parts.down[1:k + 1], rows["t_push"])
+def _iteration_table(result: SimResult, parts: list, ends: list[dict[int, float]]) -> tuple[np.ndarray, np.ndarray]:
+    """Every worker's ``iterations`` rows in one table, worker after worker, and where each worker's
+    rows begin (``workers + 1`` offsets: worker w's are ``first[w]:first[w + 1]``).
+
+    Built for all workers at once. Worker w's `parts` hold one iteration more than it did: the phases
+    of the reply that stopped it (its transit ends the last iteration). `ends[w]`: iterations a
+    restart cut short, with the time of the reply that ended each (``sim.restarts``)."""
+    counts = np.array([len(s) for s in result.start], dtype=np.int64)
+    first = np.concatenate([[0], np.cumsum(counts)])
+    rows = np.zeros(int(first[-1]), dtype=ITERATIONS)
+    # the parts come in blocks of count + 1: `head` takes each block's first `count`, `tail` its last
+    head = np.ones(int(first[-1]) + len(counts), dtype=bool)
+    head[first[1:] + np.arange(len(counts))] = False
+    tail = np.ones_like(head)
+    tail[first[:-1] + np.arange(len(counts))] = False
+    down, compute, delay, push = (np.concatenate([getattr(p, name) for p in parts])
+                                  for name in ("down", "compute", "delay", "push"))
+    start = np.concatenate(result.start)
+    rows["iteration"] = np.arange(len(rows)) - np.repeat(first[:-1], counts)
+    rows["t_start"] = start + down[head]
+    rows["t_compute_end"] = rows["t_start"] + compute[head] + delay[head]
+    rows["t_push"] = rows["t_compute_end"] + push[head]
+    # what ended each iteration: the worker's next release, or for its last the reply that stopped it
+    replies = np.empty(len(rows))
+    replies[:-1] = start[1:]
+    worked = counts > 0
+    replies[first[1:][worked] - 1] = result.end[worked]
+    for w, cut in enumerate(ends):
+        for i, t in cut.items():
+            replies[first[w] + i] = t
+    rows["t_end"] = np.maximum(replies + down[tail], rows["t_push"])
     rows["wait_s"] = rows["t_end"] - rows["t_push"]
-    rows["version"] = result.used[w]
+    rows["version"] = np.concatenate(result.used)
     rows["loss"] = np.nan  # no weights, no loss
-    rows["injected_delay_s"] = parts.delay[:k]
+    rows["injected_delay_s"] = delay[head]
     rows["epoch"] = np.nan  # no data
-    return rows
+    return rows, first
+
+
+def _per_worker_sums(column: np.ndarray, first: np.ndarray) -> list[float]:
+    """Each worker's sum of `column` (rows ``first[w]:first[w + 1]``)."""
+    column = np.ascontiguousarray(column)
+    return [float(column[a:b].sum()) for a, b in zip(first[:-1].tolist(), first[1:].tolist(), strict=True)]
 
 
 def _push_rows(result: SimResult) -> np.ndarray:
@@ -296,17 +320,33 @@ def _push_rows(result: SimResult) -> np.ndarray:
 
 
 def _pull_rows(result: SimResult) -> np.ndarray:
-    """The server's ``pulls``: each worker's first pull, one per push, the last answered by its stop."""
-    parts = []
-    for w in range(result.workers):
-        start, push = result.start[w], result.push[w]
-        rows = np.zeros(len(start) + 1, dtype=PULLS)
-        rows["worker"] = w
-        rows["t_request"] = np.concatenate([[start[0] if len(start) else result.end[w]], push])
-        rows["t_reply"] = np.append(start, result.end[w])
-        rows["version"] = np.append(result.used[w], result.stop_version[w])
-        parts.append(rows)
-    rows = np.concatenate(parts) if parts else np.zeros(0, dtype=PULLS)
+    """The server's ``pulls``: each worker's first pull, one per push, the last answered by its stop.
+
+    Built for all workers at once: worker w's k pushes give it k + 1 rows, its block of the table. A
+    request is the first pull (at its first release, or at its stop if it never started) then each
+    push; a reply is each release then the stop."""
+    n = result.workers
+    if not n:
+        return np.zeros(0, dtype=PULLS)
+    pushes = np.array([len(p) for p in result.push], dtype=np.int64)
+    rows = np.zeros(int(pushes.sum()) + n, dtype=PULLS)
+    first = np.concatenate([[0], np.cumsum(pushes + 1)[:-1]])  # each worker's first row
+    last = first + pushes                                         # and its last, the stop
+    inner = np.ones(len(rows), dtype=bool)
+    inner[first] = False
+    starts = np.concatenate(result.start)
+    rows["worker"] = np.repeat(np.arange(n), pushes + 1)
+    first_request = np.array(result.end, dtype=np.float64)  # a worker that never started: its stop
+    started = pushes > 0
+    first_request[started] = starts[(first - np.arange(n))[started]]  # its first release
+    rows["t_request"][first] = first_request
+    rows["t_request"][inner] = np.concatenate(result.push)
+    outer = np.ones(len(rows), dtype=bool)  # every row but a worker's last is answered by a release
+    outer[last] = False
+    rows["t_reply"][outer] = starts
+    rows["t_reply"][last] = result.end
+    rows["version"][outer] = np.concatenate(result.used)
+    rows["version"][last] = result.stop_version
     return rows[np.lexsort((rows["worker"], rows["t_reply"]))]
 
 
@@ -331,15 +371,16 @@ def _attrs(job: JobConfig, run_dir: Path, workers: int, source) -> dict:
                 config=to_dict(job), clock_offset_s=0.0, simulated=True, simulation_source=source.source)
 
 
-def _write_workers(run_dir: Path, attrs: dict, rows: list[np.ndarray]) -> None:
+def _write_workers(run_dir: Path, attrs: dict, iterations: np.ndarray, first: np.ndarray) -> None:
     """Every worker's ``iterations`` in one file, ``trace/workers.h5``, with the worker index first
     (``trace.schema.WORKER_ITERATIONS``)."""
-    table = np.empty(sum(len(r) for r in rows), dtype=WORKER_ITERATIONS)
-    table["worker"] = np.repeat(np.arange(len(rows)), [len(r) for r in rows])
+    table = np.empty(len(iterations), dtype=WORKER_ITERATIONS)
+    table["worker"] = np.repeat(np.arange(len(first) - 1), np.diff(first))
     for name in ITERATIONS.names:
-        table[name] = np.concatenate([r[name] for r in rows]) if rows else []
+        table[name] = iterations[name]
     path = trace_path(run_dir, 0).with_name(WORKERS_FILE)
-    write_whole(path, encode_attrs({**attrs, "role": "workers", "workers": len(rows)}), {"worker_iterations": table})
+    write_whole(path, encode_attrs({**attrs, "role": "workers", "workers": len(first) - 1}),
+                {"worker_iterations": table})
 
 
 def _write_evals(run_dir: Path, evals: list[tuple[float, int, float, float]]) -> None:
