@@ -58,6 +58,7 @@ class EmulatedTrainer(Trainer):
         self.opt = build.optimizer(job, self.params.size)
         self.lr_at = build.schedule(job)
         self.rule = StalenessRule(job.optim.staleness, job.optim.dc_lambda)
+        self.dc = self.rule.needs_pulled_weights
         self.scratch = np.empty_like(self.params)
         self.streams = [description.batch_stream(w) for w in range(workers)]
         self.versions = VersionStore(self.params)
@@ -89,7 +90,8 @@ class EmulatedTrainer(Trainer):
         self.holding[worker] = version
 
     def pushed(self, worker: int, t: float) -> bool:
-        self.evaluate_until(t)
+        if self.next_eval <= t:
+            self.evaluate_until(t)
         used = self.holding[worker]
         c0 = time.perf_counter()
         if self.model_holds != used:  # BSP's workers all compute on one version: copied once a round
@@ -109,8 +111,7 @@ class EmulatedTrainer(Trainer):
 
     def apply(self, worker: int, version: int) -> None:
         grad, used = self.pending.pop(worker)
-        step = self.rule.gradient(grad, self.params, self.versions.of(used), self.scratch) \
-            if self.rule.needs_pulled_weights else grad
+        step = self.rule.gradient(grad, self.params, self.versions.of(used), self.scratch) if self.dc else grad
         lr = self.rule.lr(self.lr_at(version), version - used + 1)
         self._done(grad, used)  # before the step: a version no one holds any more is not copied
         self._step(step, lr)

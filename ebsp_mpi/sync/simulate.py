@@ -338,11 +338,11 @@ class _Run:
         start_append, used_append = [a.append for a in self.starts], [a.append for a in self.used]
         wait, interval, heappop, heappush, coordinator = self.wait, self.interval, heapq.heappop, heapq.heappush, \
             self.coordinator
-        fast = not self.keep_releases and self.trainer is None
+        trainer, general = self.trainer, self.keep_releases
         events = 0
         while heap:
             t, w = heappop(heap)
-            if not fast:
+            if general:  # the releases kept: every push the general way
                 self._push(w, t)
                 events += 1
                 if progress is not None and not events % PROGRESS_EVERY:
@@ -351,15 +351,21 @@ class _Run:
             push_append[w](t)
             before_append[w](coordinator.version)
             pulled_at[w] = t
-            actions = push(w, t)
+            actions = push(w, t) if trainer is None else push(w, t, trainer.pushed(w, t))
             if len(actions) == 2 and type(actions[0]) is Apply and type(actions[1]) is Reply \
                     and not actions[1].stop and pulled_at[actions[1].worker] is not None:
-                # one push applied and a worker released, nothing else: replies() written out for speed
-                v = actions[1].worker
+                # one push applied and a worker released, nothing else (ASP's every push): carry_out()
+                # and replies() written out for speed, in their order (the step, then the release)
+                reply = actions[1]
+                if trainer is not None:
+                    trainer.apply(actions[0].worker, actions[0].version)
+                v = reply.worker
                 wait[v] += t - pulled_at[v]
                 pulled_at[v] = None
                 start_append[v](t)
-                used_append[v](actions[1].version)
+                used_append[v](reply.version)
+                if trainer is not None:
+                    trainer.released(v, reply.version)
                 heappush(heap, (t + interval(v, pushes[v], t), v))
             elif actions:  # none: held, and nobody released (a BSP round or a bound still open)
                 self.carry_out(actions, t)
