@@ -141,6 +141,17 @@ def test_importing_the_cli_loads_no_analysis_library():
     assert p.stdout.strip() == "[]"
 
 
+def test_parsing_train_builds_no_other_commands_parser():
+    """Every rank of an MPI job parses ``train``: the other commands' parsers, and the modules they
+    import, are left out of its start-up; the full parser still has them all."""
+    code = ("import sys; from ebsp_mpi import cli; p = cli._parser('train'); a = p.parse_args(['train', '-q']); "
+            "print(a.run.__name__, sorted(m for m in ('ebsp_mpi.sweep', 'ebsp_mpi.bench.cli', 'ebsp_mpi.sim.cli', "
+            "'ebsp_mpi.plan.commands', 'ebsp_mpi.analysis.cli') if m in sys.modules))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "_train []"
+
+
 def test_help_lists_every_subcommand():
     from ebsp_mpi import cli
 
