@@ -13,7 +13,8 @@ import pytest
 
 from ebsp_mpi.config import SyncConfig, load_job, to_dict
 from ebsp_mpi.outputs import SUMMARY_KEYS
-from ebsp_mpi.sim.workers import JITTER_BLOCK, NOMINAL_BASE_S, ModelWorkers
+from ebsp_mpi.sim.run import _iteration_table, _pull_rows
+from ebsp_mpi.sim.workers import JITTER_BLOCK, NOMINAL_BASE_S, ModelWorkers, Parts
 from ebsp_mpi.straggler import SlowPhase, StragglerModel, straggler_model
 from ebsp_mpi.sync.bsp import BSP
 from ebsp_mpi.sync.dssp import DSSP
@@ -21,6 +22,7 @@ from ebsp_mpi.sync.registry import make_policy
 from ebsp_mpi.sync.simulate import simulate
 from ebsp_mpi.sync.ssp import SSP
 from ebsp_mpi.trace.reader import read_run
+from ebsp_mpi.trace.schema import ITERATIONS, PULLS
 
 STRAGGLER = ["straggler.base_s=0.01", "straggler.slowdown=[1, 1, 3]", "straggler.jitter_sigma=0.2"]
 
@@ -119,6 +121,61 @@ def test_a_simulated_run_has_trains_summary_keys_and_trace_tables(tmp_path, mode
         assert (pushes["staleness"] == 0).all() and summary["versions"] == 40
     if model == "elasticbsp":
         assert len(traces[0].table("zipline")) >= summary["barriers"] > 0
+
+
+def _pulls_of(result, w):
+    """Worker `w`'s ``pulls`` rows, one worker at a time: the oracle of the table built whole."""
+    start, push = result.start[w], result.push[w]
+    rows = np.zeros(len(start) + 1, dtype=PULLS)
+    rows["worker"] = w
+    rows["t_request"] = np.concatenate([[start[0] if len(start) else result.end[w]], push])
+    rows["t_reply"] = np.append(start, result.end[w])
+    rows["version"] = np.append(result.used[w], result.stop_version[w])
+    return rows
+
+
+def _iterations_of(result, w, parts, cut):
+    """Worker `w`'s ``iterations`` rows, one worker at a time (see :func:`_pulls_of`)."""
+    start, k = result.start[w], len(result.start[w])
+    rows = np.zeros(k, dtype=ITERATIONS)
+    rows["iteration"] = np.arange(k)
+    rows["t_start"] = start + parts.down[:k]
+    rows["t_compute_end"] = rows["t_start"] + parts.compute[:k] + parts.delay[:k]
+    rows["t_push"] = rows["t_compute_end"] + parts.push[:k]
+    replies = np.append(start[1:], result.end[w])
+    for i, t in cut.items():
+        replies[i] = t
+    rows["t_end"] = np.maximum(replies + parts.down[1:k + 1], rows["t_push"])
+    rows["wait_s"] = rows["t_end"] - rows["t_push"]
+    rows["version"] = result.used[w]
+    rows["loss"] = rows["epoch"] = np.nan
+    rows["injected_delay_s"] = parts.delay[:k]
+    return rows
+
+
+@pytest.mark.parametrize("model", ["bsp", "asp", "ssp"])
+@pytest.mark.parametrize("t0", [0.0, 2.0])  # 2.0: past the time limit, so no worker starts
+def test_the_trace_tables_built_for_all_workers_at_once_equal_one_worker_at_a_time(model, t0):
+    """Workers of uneven iteration counts (a time limit), phases of their own, iterations a restart
+    cut short: every worker's block of ``pulls`` and ``iterations`` is its own rows."""
+    rng = np.random.default_rng(3)
+    result = simulate(make_policy(SyncConfig(model=model), 5, seed=0), rng.uniform(0.01, 0.1, size=(5, 7)),
+                      until=1.0, t0=t0)
+    counts = [len(s) for s in result.start]
+    if t0:
+        assert counts == [0] * 5
+    elif model != "bsp":  # BSP's rounds keep the counts equal
+        assert len(set(counts)) > 1, counts
+    parts = [Parts(*(rng.uniform(0, 0.01, k + 1) for _ in range(5))) for k in counts]
+    cuts = [{} for _ in counts]
+    if counts[2] > 3:
+        cuts[2] = {1: float(result.start[2][2]) - 0.001}
+    table, first = _iteration_table(result, parts, cuts)
+    assert first.tolist() == np.concatenate([[0], np.cumsum(counts)]).tolist()
+    for w in range(5):
+        assert table[first[w]:first[w + 1]].tobytes() == _iterations_of(result, w, parts[w], cuts[w]).tobytes(), w
+    whole = np.concatenate([_pulls_of(result, w) for w in range(5)])
+    assert _pull_rows(result).tobytes() == whole[np.lexsort((whole["worker"], whole["t_reply"]))].tobytes()
 
 
 @pytest.mark.slow
