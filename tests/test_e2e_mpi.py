@@ -4,6 +4,7 @@ Each launch carries a timeout (a hung rank fails the test instead of the CI run)
 """
 
 import json
+import re
 import signal
 import time
 from pathlib import Path
@@ -197,17 +198,18 @@ def test_an_exception_on_a_worker_aborts_the_job_naming_the_rank(tmp_path, fault
 
 
 @pytest.mark.parametrize("fault, message", [
-    ("1:5:hang", "worker rank 1 silent for 3.0 s"),
+    # the silence is as measured when the watchdog looked: 3.0 s, or a little more on a loaded machine
+    ("1:5:hang", r"worker rank 1 silent for 3\.\d s \(runtime\.stall_timeout_s = 3\.0\)"),
     # the end of a run is polled too: a worker stuck before it reports its statistics must not hang
     # the server (it used to wait in a blocking gather)
-    ("2:end:hang", "worker rank 2 sent no statistics within 3.0 s"),
+    ("2:end:hang", r"worker rank 2 sent no statistics within 3\.0 s"),
 ], ids=["mid-run", "at-the-end"])
 def test_the_watchdog_names_a_hung_worker(tmp_path, fault, message):
     t0 = time.monotonic()
     p = train(3, tmp_path, "stop.iterations=20", "straggler.enabled=false", "runtime.stall_timeout_s=3",
               extra_env={"EBSP_INJECT_FAULT": fault}, timeout=60)
     assert p.returncode != 0
-    assert message in p.stderr + p.stdout
+    assert re.search(message, p.stderr + p.stdout), p.stderr + p.stdout
     assert time.monotonic() - t0 < 3 + 30  # well before the launcher's own timeout
     if fault.endswith("end:hang"):  # training had finished: the model is kept
         state, attrs = read_model(tmp_path / "model.h5")
