@@ -19,6 +19,7 @@ from ebsp_mpi.errors import UsageError
 from ebsp_mpi.outputs import read_model
 from ebsp_mpi.sim import run as sim_run
 from ebsp_mpi.sim.run import simulate_job
+from ebsp_mpi.trace.reader import read_run
 from mpirun import child_env, max_abs_difference, train
 
 STRAGGLER = ["straggler.slowdown=[1, 1, 1, 3]"]
@@ -42,6 +43,8 @@ def test_an_emulated_run_trains_and_reports_like_a_live_one(tmp_path):
     times = [e["t"] for e in summary["evals"]] if isinstance(summary["evals"][0], dict) else \
         [e[0] for e in summary["evals"]]
     assert times == sorted(times)
+    evals = read_run(tmp_path / "run")[0].table("evals")  # the server's trace holds them, as live
+    assert evals["t"].tolist() == times and evals["test_acc"][-1] == summary["test_accuracy"]
     tensors, attrs = read_model(tmp_path / "run" / "model.h5")
     assert attrs["version"] == 240 and tensors
     training = summary["simulation"]["training"]

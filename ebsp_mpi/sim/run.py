@@ -7,11 +7,12 @@ The run directory has the layout and schema of ``train``'s (docs/design.md, "Run
   ``"simulated"``; the test loss and accuracy, the loss and the MPI library are null: there are no
   weights and no MPI) and one more, ``simulation``: where the iteration times came from and how fast
   the simulation ran;
-- ``trace/rank-0000.h5``, the server's ``pushes``, ``pulls`` and the policy's own tables (ElasticBSP's
-  ``barriers``, ``barrier_members`` and ``zipline``), and ``trace/rank-NNNN.h5``, worker NNNN-1's
-  ``iterations``; above :data:`WORKER_FILES_MAX` workers, every worker's ``iterations`` in one file,
-  ``trace/workers.h5`` (``trace.schema.WORKERS_FILE``; 100,000 workers wrote 82,445 files, 984 MB in
-  3 minutes); every file's root attributes say ``backend = "simulated"`` and ``simulated = true``.
+- ``trace/rank-0000.h5``, the server's ``pushes``, ``pulls``, the policy's own tables (ElasticBSP's
+  ``barriers``, ``barrier_members`` and ``zipline``) and with ``--train`` its ``evals``, and
+  ``trace/rank-NNNN.h5``, worker NNNN-1's ``iterations``; above :data:`WORKER_FILES_MAX` workers,
+  every worker's ``iterations`` in one file, ``trace/workers.h5`` (``trace.schema.WORKERS_FILE``;
+  100,000 workers wrote 82,445 files, 984 MB in 3 minutes); every file's root attributes say
+  ``backend = "simulated"`` and ``simulated = true``.
 
 Rows are built as whole NumPy arrays per table and written in one piece each (a Python call per row
 would cost more than the simulation). Times are seconds since the simulated start.
@@ -26,7 +27,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import h5py
 import numpy as np
 
 from .. import __version__
@@ -48,7 +48,6 @@ from .workers import ModelWorkers, ReplayWorkers
 
 #: Workers above which the workers' iterations go into one file, not one file per rank.
 WORKER_FILES_MAX = 1024
-_LIBVER = ("earliest", "v108")
 
 
 def _limits(job: JobConfig, workers: int, iterations: int | None, trainer) -> tuple[list[int | None], float]:
@@ -125,10 +124,12 @@ def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, it
 
     parts = [source.parts(w, result.start[w], result.push[w]) for w in range(workers)]
     iterations, first = _iteration_table(result, parts, ends)
-    if job.trace.enabled:
-        _write_traces(job, run_dir, workers, source, result, policy_tables, iterations, first)
-    if trainer is not None:
+    run_dir.mkdir(parents=True, exist_ok=True)  # the command made it; a caller of this function may not have
+    if trainer is not None:  # the last evaluations first: the server's trace holds them
         _finish_training(job, run_dir, trainer, result, policy.name)
+    if job.trace.enabled:
+        evals = _eval_rows(trainer.evals if trainer is not None else [])
+        _write_traces(job, run_dir, workers, source, result, {**policy_tables, "evals": evals}, iterations, first)
     summary = _summary(job, policy.name, workers, result, parts, iterations, first, trainer)
     summary["simulation"] = {
         "source": source.source, "replay": None if replay is None else str(replay),
@@ -175,12 +176,13 @@ def _schedule(job: JobConfig, workers: int, source, policy, limits: list, until:
 
 
 def _write_traces(job: JobConfig, run_dir: Path, workers: int, source, result: SimResult,
-                  policy_tables: dict[str, np.ndarray], iterations: np.ndarray, first: np.ndarray) -> None:
-    """The server's trace and the workers' (one file each, or shared files past WORKER_FILES_MAX);
-    `iterations` holds every worker's rows, worker w's from ``first[w]`` to ``first[w + 1]``."""
+                  server_tables: dict[str, np.ndarray], iterations: np.ndarray, first: np.ndarray) -> None:
+    """The server's trace (``pushes``, ``pulls`` and `server_tables`) and the workers' (one file each,
+    or shared files past WORKER_FILES_MAX); `iterations` holds every worker's rows, worker w's from
+    ``first[w]`` to ``first[w + 1]``."""
     attrs = _attrs(job, run_dir, workers, source)
     _write_rank(run_dir, 0, encode_attrs({**attrs, "role": "server", "rank": 0}), {
-        "pushes": _push_rows(result), "pulls": _pull_rows(result), **policy_tables})
+        "pushes": _push_rows(result), "pulls": _pull_rows(result), **server_tables})
     if workers <= WORKER_FILES_MAX:
         shared = encode_attrs({**attrs, "role": "worker"})  # the job's attributes, encoded once
         for w in range(workers):  # the rank, an int, is stored as it is
@@ -190,12 +192,10 @@ def _write_traces(job: JobConfig, run_dir: Path, workers: int, source, result: S
 
 
 def _finish_training(job: JobConfig, run_dir: Path, trainer: EmulatedTrainer, result: SimResult, sync: str) -> None:
-    """The last evaluations, ``model.h5`` as the server writes it, and the evaluations in the trace."""
+    """The last evaluations, and ``model.h5`` as the server writes it."""
     trainer.finish(float(np.nanmax(result.end)) if result.workers else 0.0)
     write_model(run_dir, trainer.state_dict(), version=result.versions, step=result.versions,
                 attrs={"sync": sync, "config_json": to_dict(job), "simulated": True})
-    if job.trace.enabled:
-        _write_evals(run_dir, trainer.evals)
 
 
 def _summary(job: JobConfig, sync: str, workers: int, result: SimResult, parts: list, iterations: np.ndarray,
@@ -383,15 +383,10 @@ def _write_workers(run_dir: Path, attrs: dict, iterations: np.ndarray, first: np
                 {"worker_iterations": table})
 
 
-def _write_evals(run_dir: Path, evals: list[tuple[float, int, float, float]]) -> None:
-    """The emulated evaluations into the server's trace, as the live server records them (an emulated
-    evaluation takes no virtual time)."""
-    rows = np.zeros(len(evals), dtype=EVALS)
-    for i, (t, version, loss, acc) in enumerate(evals):
-        rows[i] = (t, version, loss, acc, 0.0)
-    if len(rows):
-        with h5py.File(trace_path(run_dir, 0), "a", libver=_LIBVER) as f:
-            f.create_dataset("evals", data=rows, maxshape=(None,), chunks=(min(len(rows), 1024),))
+def _eval_rows(evals: list[tuple[float, int, float, float]]) -> np.ndarray:
+    """The emulated evaluations as the live server records them (an emulated evaluation takes no
+    virtual time); none without real weights."""
+    return np.array([(t, version, loss, acc, 0.0) for t, version, loss, acc in evals], dtype=EVALS)
 
 
 def _write_rank(run_dir: Path, rank: int, encoded_attrs: dict, tables: dict[str, np.ndarray]) -> None:

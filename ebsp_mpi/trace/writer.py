@@ -48,13 +48,12 @@ from .schema import SCHEMA_VERSION, TABLES
 _BUFFER_ROWS = 1024
 #: Target bytes of one HDF5 chunk of a table.
 _CHUNK_BYTES = 64 * 1024
+_LIBVER = ("earliest", "v108")
 
 
 def _chunk_rows(dtype: np.dtype) -> int:
     """Rows of one HDF5 chunk of a table of `dtype`: about :data:`_CHUNK_BYTES`, at least 64."""
     return max(64, _CHUNK_BYTES // dtype.itemsize)
-
-_LIBVER = ("earliest", "v108")
 
 
 def trace_path(out_dir: str | os.PathLike, rank: int) -> Path:
