@@ -138,6 +138,8 @@ class StragglerConfig:
 class RuntimeConfig:
     stall_timeout_s: float = _opt(60.0, "abort when a rank that owes a message has been silent this many seconds",
                                   gt=0.0)
+    setup_timeout_s: float = _opt(600.0, "abort when a rank has not finished setting up (data, model, traces) this "
+                                         "many seconds after rank 0 has", gt=0.0)
     servers: int = _opt(1, "server ranks: ranks 0..servers-1 hold the parameters in shards (rank 0 also schedules), "
                            "the rest are workers", min=1)
     cuda_aware_mpi: bool = _opt(False, "send device buffers directly (needs a CUDA-aware MPI)")

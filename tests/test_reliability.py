@@ -95,6 +95,23 @@ def test_a_failing_server_ends_the_job_and_is_named(fault, message, tmp_path):
     assert time.monotonic() - t0 < stall + 30
 
 
+@pytest.mark.parametrize("fault, message", [
+    pytest.param("2:setup:hang", "rank 2 (worker 1) had not finished setting up 3 s after rank 0 had",
+                 marks=pytest.mark.mpi_impl),
+    ("0:setup:hang", "the server (rank 0) gave no set-up outcome 6 s after rank"),
+    ("1:setup", "ebsp_mpi: error on rank 1 (worker 0): RuntimeError: fault injected at set-up"),
+], ids=["worker hangs", "server hangs", "worker raises"])
+def test_a_rank_that_hangs_or_fails_in_its_set_up_ends_the_job_and_is_named(fault, message, tmp_path):
+    """Set-up (data, model, traces) may take minutes, so its own timeout bounds it: a rank that never
+    reports its set-up used to leave the others waiting for good."""
+    t0 = time.monotonic()
+    p = train(3, tmp_path / "run", "stop.iterations=20", "runtime.setup_timeout_s=3",
+              extra_env={"EBSP_INJECT_FAULT": fault}, timeout=60)
+    assert p.returncode == 1, p.stderr[-3000:]
+    assert message in p.stderr, p.stderr[-3000:]
+    assert time.monotonic() - t0 < 6 + 30
+
+
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the rank's process through /proc")
 @pytest.mark.parametrize("rank, sig, cleanup, named", [
     (0, signal.SIGSTOP, False, "the server (rank 0) sent nothing for"),

@@ -87,6 +87,22 @@ class Silence:
                              f"{self.timeout_s}); it may have died or hung")
 
 
+class Deadline:
+    """A fixed deadline on a wait, unlike :class:`Silence` not moved by what arrives (the set-up
+    exchange, where each peer sends one message): :meth:`check` raises :class:`StallError` with
+    ``say()``'s text once `timeout_s` have passed since it was made."""
+
+    def __init__(self, timeout_s: float, say):
+        self.end, self.say = time.monotonic() + timeout_s, say
+
+    def heard(self) -> None:
+        pass
+
+    def check(self) -> None:
+        if time.monotonic() > self.end:
+            raise StallError(self.say())
+
+
 @dataclass
 class Context:
     """Where this process stands in the job.
@@ -171,11 +187,11 @@ def role_name(rank: int, servers: int) -> str:
     return f"worker {rank - servers}"
 
 
-def restart_clock(ctx: Context) -> None:
+def restart_clock(ctx: Context, silence: Silence | None = None) -> None:
     """Start the run's time axis now, on every rank at once (a collective): the time a run takes to
     reach an accuracy should not count loading data or compiling kernels."""
     t0 = np.array([time.perf_counter() if ctx.rank == 0 else 0.0])
-    wait_collective(ctx, ctx.comm.Ibcast(t0, root=0))
+    wait_collective(ctx, ctx.comm.Ibcast(t0, root=0), silence)
     ctx.t0 = float(t0[0])
 
 

@@ -4,6 +4,7 @@
 - ``WHEN``: on a worker, its 0-based iteration; on a server, the number of pushes it has taken in
   (the fault fires when it takes in that many); ``end`` on a worker: after its stop reply, before it
   reports its statistics; on the server: after the last worker has stopped, before the model is written;
+  ``setup`` on any rank: once it has built its part of the job, before it reports its set-up;
 - ``MODE``: ``raise`` (the default: an exception, which aborts the job) or ``hang`` (the rank stops
   answering, as if stopped with SIGSTOP, which the watchdogs must name).
 
@@ -22,11 +23,13 @@ from ..errors import UsageError
 log = logging.getLogger(__name__)
 
 FAULT_ENV = "EBSP_INJECT_FAULT"
+#: the moments a fault may name besides a count
+WORDS = ("setup", "end")
 
 
 @dataclass(frozen=True)
 class Fault:
-    """A fault to inject on `rank`: at `when` (an iteration or push count, or ``"end"``), by `mode`."""
+    """A fault to inject on `rank`: at `when` (an iteration or push count, ``"setup"`` or ``"end"``), by `mode`."""
 
     rank: int
     when: int | str
@@ -56,15 +59,15 @@ def parse_fault(spec: str, world_size: int) -> Fault | None:
     if not spec:
         return None
     parts = spec.split(":")
-    if len(parts) not in (2, 3) or not parts[0].isdigit() or not (parts[1].isdigit() or parts[1] == "end") or \
+    if len(parts) not in (2, 3) or not parts[0].isdigit() or not (parts[1].isdigit() or parts[1] in WORDS) or \
             (len(parts) == 3 and parts[2] not in ("raise", "hang")):
         raise UsageError(f"{FAULT_ENV} = {spec!r}: expected RANK:WHEN or RANK:WHEN:hang (RANK and WHEN numbers, "
-                         f"WHEN may be 'end')")
+                         f"WHEN may be 'setup' or 'end')")
     rank = int(parts[0])
     if rank >= world_size:
         raise UsageError(f"{FAULT_ENV} = {spec!r}: rank {rank} does not exist; this job has ranks "
                          f"0..{world_size - 1}")
-    return Fault(rank, int(parts[1]) if parts[1] != "end" else "end", parts[2] if len(parts) == 3 else "raise")
+    return Fault(rank, parts[1] if parts[1] in WORDS else int(parts[1]), parts[2] if len(parts) == 3 else "raise")
 
 
 def fault_for(rank: int, world_size: int, env=None) -> Fault | None:

@@ -2,10 +2,11 @@
 
 Failure handling (docs/design.md, "Launch and failure"):
 
-- during set-up (loading the dataset, building the model, opening traces) every rank reports its
-  outcome in one nonblocking ``Iallgather``, polled, so that a rank dying meanwhile still aborts the
-  job (``comm.wait_collective``); if any rank failed, rank 0 prints the first error and every rank
-  exits with code 2 (bad input) or 1 — cleanly, without ``MPI_Abort``;
+- during set-up (loading the dataset, building the model, opening traces) every rank sends its
+  outcome to rank 0, which shares them all; every wait is polled, so that a rank dying meanwhile still
+  aborts the job (``comm.wait_all``), and a rank that has not reported ``runtime.setup_timeout_s``
+  after rank 0 finished is named and the job aborted; if any rank failed, rank 0 prints the first
+  error and every rank exits with code 2 (bad input) or 1 — cleanly, without ``MPI_Abort``;
 - once training runs, an exception on any rank prints the rank and the message and calls
   ``MPI_Abort``, which ends every rank of the job with a non-zero exit code instead of leaving the
   others blocked in a receive;
@@ -33,6 +34,8 @@ from ..outputs import describe_run, make_run_dir, remove_if_unused, training_fai
 from ..run_description import describe, read_osdp_plan
 from . import comm as mpi
 from .env import world_size_from_env
+from .faults import fault_for
+from .protocol import SETUP_TAG
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +52,17 @@ def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True, resume:
         if ckpt is not None:
             resumed_at = ckpt.run_seconds
         role = make_role(ctx, job, run_dir, ckpt, show_progress, plan=plan)
+        fault = fault_for(ctx.rank, ctx.size)  # EBSP_INJECT_FAULT, to test the failure paths
+        if fault is not None and fault.due("setup"):
+            fault.fire("set-up")
     except Exception as e:  # noqa: BLE001 - every rank reports its set-up outcome, whatever it was
         error = (2, f"{e}") if isinstance(e, (UsageError, FileExistsError)) else \
             (1, f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
-    code = _set_up_outcome(ctx, error, run_dir if not resume else None)
+    code = _set_up_outcome(ctx, error, run_dir if not resume else None, job.runtime.setup_timeout_s)
     if code:
         return code
     try:
-        mpi.restart_clock(ctx)
+        mpi.restart_clock(ctx, mpi.Silence(job.runtime.stall_timeout_s, "a rank that has set up"))
         ctx.t0 -= resumed_at  # a resumed run's clock goes on from its checkpoint
         summary = role.run()  # a worker's ends by sending its statistics to the server
         # the ranks part together; a rank that stops answering now is named instead of waited for
@@ -97,13 +103,14 @@ def _start(job: JobConfig):
     return ctx
 
 
-def _set_up_outcome(ctx, error: tuple[int, str] | None, new_run_dir: Path | None) -> int:
-    """Every rank's set-up outcome, shared in one polled collective: 0 when all succeeded, else the
-    exit code (rank 0 prints the first error and removes `new_run_dir` if nothing was written to it)."""
+def _set_up_outcome(ctx, error: tuple[int, str] | None, new_run_dir: Path | None, timeout_s: float) -> int:
+    """Every rank's set-up outcome, shared by polled messages: 0 when all succeeded, else the exit code
+    (rank 0 prints the first error and removes `new_run_dir` if nothing was written to it). A rank
+    that has not reported `timeout_s` after rank 0 finished its own set-up is named, and the job ends."""
+    codes = np.zeros(ctx.size, dtype=np.int32)
     try:
-        codes = np.zeros(ctx.size, dtype=np.int32)
-        mpi.wait_collective(ctx, ctx.comm.Iallgather(np.array([error[0] if error else 0], np.int32), codes))
-    except BaseException as e:  # noqa: BLE001 - a peer died while this rank set up
+        _share_codes(ctx, error[0] if error else 0, codes, timeout_s)
+    except BaseException as e:  # noqa: BLE001 - a peer died or hung while this rank set up
         mpi.abort(ctx, e)
     if not codes.any():
         return 0
@@ -114,6 +121,37 @@ def _set_up_outcome(ctx, error: tuple[int, str] | None, new_run_dir: Path | None
         rank, (_, text) = next((r, e) for r, e in enumerate(errors) if e is not None)
         print(f"ebsp_mpi: error on rank {rank} ({ctx.role_of(rank)}): {text}", file=sys.stderr)
     return int(codes.max())
+
+
+def _share_codes(ctx, code: int, codes: np.ndarray, timeout_s: float) -> None:
+    """Fill `codes` with every rank's set-up exit code, on every rank. Each rank sends its own to rank
+    0, which knows who has not reported once `timeout_s` have passed (a collective could not say),
+    and then broadcasts them all. The others give rank 0 twice as long: it may finish its set-up
+    after them, and a rank it waits for is its to name."""
+    backoff = ctx.backoff()
+    if ctx.rank == 0:
+        codes[0] = code
+        ranks = list(range(1, ctx.size))
+        missing = set(ranks)
+
+        def heard_from(done):
+            missing.difference_update(ranks[i] for i in done)
+
+        def say():
+            who = ", ".join(f"rank {r} ({ctx.role_of(r)})" for r in sorted(missing))
+            return (f"{who} had not finished setting up {timeout_s:g} s after rank 0 had (runtime.setup_timeout_s = "
+                    f"{timeout_s:g}); it may have died or hung")
+
+        receives = [ctx.comm.Irecv(codes[r:r + 1], r, SETUP_TAG) for r in ranks]
+        mpi.wait_all(receives, backoff, mpi.Deadline(timeout_s, say), heard_from)
+        mpi.wait_all([ctx.comm.Ibcast(codes, root=0)], backoff)  # every rank has reported: it waits for this
+        return
+    send = ctx.comm.Isend(np.array([code], np.int32), 0, SETUP_TAG)
+    outcome = ctx.comm.Ibcast(codes, root=0)
+    mpi.wait_all([send, outcome], backoff, mpi.Deadline(
+        2 * timeout_s, lambda: f"the server (rank 0) gave no set-up outcome {2 * timeout_s:g} s after rank "
+                               f"{ctx.rank} had set up (runtime.setup_timeout_s = {timeout_s:g}); it may have "
+                               f"died or hung"))
 
 
 def make_role(ctx, job: JobConfig, run_dir: Path, ckpt: Checkpoint | None = None, show_progress: bool = True,

@@ -57,6 +57,7 @@ ALIVE_TAG = 5  # the server to a worker whose pull it holds: it still lives (no 
 ORDER_TAG = 6  # rank 0 to the other servers: the orders of the sync policy (runtime.servers > 1)
 SNAP_TAG = 7  # a server to rank 0: its shard of the parameters (and optimizer state), as ordered
 FETCH_TAG = 8  # a worker's request for an on-demand unit, and a server's reply (on Context.fetch_comm)
+SETUP_TAG = 9  # each rank to rank 0: the outcome of its set-up (runtime.launch)
 CHUNK_TAG0 = 100
 
 #: push header: iteration (0-based index of this worker's iteration), the model version the gradient was
