@@ -361,12 +361,15 @@ out = Path(sys.argv[1])
 manifest = json.loads((out / "sweep.json").read_text())
 names = [m["name"] for m in manifest["members"]]
 assert len(names) == 2, names
+# each array task recorded its member's outcome in the shared manifest
+assert [m["status"] for m in manifest["members"]] == ["ok", "ok"], manifest["members"]
 for name in names:
     s = json.loads((out / name / "summary.json").read_text())
     assert s["iterations"] == [40, 40], (name, s["iterations"])
 made = sorted(p.name for p in (out / "report").iterdir())
 assert "report.md" in made or "compare.md" in made, made
-print(f"sweep {out}: members {', '.join(names)}, 40 iterations each; report/: {', '.join(made[:5])}")
+print(f"sweep {out}: members {', '.join(names)}, 40 iterations each, both ok in sweep.json; "
+      f"report/: {', '.join(made[:5])}")
 PYTHON
 ) || fail "$out: not the sweep asked for"
     say "$line"

@@ -254,8 +254,27 @@ def test_member_option_runs_one_member_into_a_shared_directory(tmp_path, capsys,
     assert cli([path, "-n", "3", "--out", out, "--mpiexec", fake, "--member", "0"]) == 0
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["b-seed0", "d-seed1", "logs"]
     assert "[4/4] d-seed1" in capsys.readouterr().out
+    # each task records its own member's outcome beside the other's; the members not run stay pending
+    members = json.loads((out / "sweep.json").read_text())["members"]
+    assert [m["status"] for m in members] == ["ok", "pending", "pending", "ok"]
+    assert members[0]["returncode"] == 0 and members[3]["test_accuracy"] == pytest.approx(0.91)
     assert cli([path, "-n", "3", "--out", out, "--mpiexec", fake, "--member", "4"]) == 2
     assert "members 0..3" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+def test_array_tasks_running_at_once_each_record_their_member(tmp_path, fake):
+    """A Slurm array starts its tasks together: each reads, changes and writes sweep.json, one at a time."""
+    path = small_sweep(tmp_path, [("b", "bsp"), ("d", "dssp"), ("a", "asp")], seeds="[0, 1, 2]")
+    out = tmp_path / "out"
+    tasks = [subprocess.Popen([sys.executable, "-m", "ebsp_mpi", "sweep", str(path), "-n", "3", "--out", str(out),
+                               "--mpiexec", fake, "--member", str(k)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True) for k in range(9)]
+    codes = [t.wait(timeout=100) for t in tasks]
+    assert codes == [0, 0, 0, 0, 0, 0, 1, 1, 1], [t.stderr.read() for t in tasks]  # the asp members fail
+    members = json.loads((out / "sweep.json").read_text())["members"]
+    assert [m["status"] for m in members] == ["ok"] * 6 + ["failed"] * 3
+    assert not any("note:" in t.stderr.read() for t in tasks)
 
 
 @pytest.mark.timeout(120)

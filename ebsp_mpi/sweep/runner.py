@@ -3,6 +3,8 @@ then the comparison and figures."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shlex
@@ -46,7 +48,8 @@ def child_env(env=None) -> dict:
 
 @dataclass
 class Outcome:
-    """What became of one member: ``status`` is ``ok``, ``failed``, ``timeout`` or ``pending``.
+    """What became of one member: ``status`` is ``ok``, ``failed``, ``timeout``, ``pending`` or (a Slurm
+    array task's member, while it runs) ``running``.
 
     ``dir`` is the member's run directory relative to the sweep directory (so the sweep can move).
     """
@@ -142,6 +145,32 @@ def write_manifest(out: Path, sweep: Sweep, ranks: int, outcomes: list[Outcome])
     return path
 
 
+@contextlib.contextmanager
+def _manifest_lock(out: Path):
+    """The sweep directory's manifest, held by this process alone: the tasks of a Slurm array each run
+    one member at once and record its outcome in the same ``sweep.json`` (read, changed, written)."""
+    with (out / f".{MANIFEST}.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
+def record_member(out: Path, sweep: Sweep, ranks: int, outcomes: list[Outcome], i: int, print=print) -> None:
+    """Record member `i`'s outcome in ``OUT/sweep.json`` beside what the other members' tasks recorded
+    (the manifest is written first if no task has yet). A file system that cannot lock is one line
+    saying so: the member's log and run directory still say how it went."""
+    try:
+        with _manifest_lock(out):
+            path = out / MANIFEST
+            recorded = [Outcome(**m) for m in json.loads(path.read_text())["members"]] if path.exists() else outcomes
+            if [o.name for o in recorded] != [o.name for o in outcomes]:
+                raise ValueError(f"{path} lists other members than {sweep.path}")
+            recorded[i] = outcomes[i]
+            write_manifest(out, sweep, ranks, recorded)
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        print(f"sweep: note: {outcomes[i].name}'s outcome ({outcomes[i].status}) is not in {out / MANIFEST}: "
+              f"{err}", file=sys.stderr, flush=True)
+
+
 def plan(sweep: Sweep, ranks: int, out: Path, mpiexec: list[str], wrapper: list[str] = ()) -> list[Outcome]:
     return [Outcome(name=m.name, group=m.group, seed=m.seed, dir=m.name,
                     command=member_command(sweep, m, ranks, out / m.name, mpiexec, wrapper),
@@ -157,13 +186,18 @@ def run_sweep(sweep: Sweep, ranks: int, out: Path, mpiexec: list[str], *, wrappe
               only: int | None = None, print=print) -> list[Outcome]:
     """Run the members (all, or only index ``only``) one after the other; returns their outcomes.
 
-    The manifest is rewritten after each member, so an interrupted sweep still records what ran.
+    The manifest is rewritten after each member, so an interrupted sweep still records what ran. With
+    `only` (a Slurm array task), the member is ``running`` in it, then its outcome, beside the other
+    tasks' members (:func:`record_member`).
     """
     outcomes = plan(sweep, ranks, out, mpiexec, wrapper)
     chosen = range(len(outcomes)) if only is None else [only]
     out.mkdir(parents=True, exist_ok=True)
-    if only is None or not (out / MANIFEST).exists():
+    if only is None:
         write_manifest(out, sweep, ranks, outcomes)
+    else:
+        outcomes[only].status = "running"
+        record_member(out, sweep, ranks, outcomes, only)
     env = launch_env(mpiexec, child_env())  # Open MPI's launcher run as root needs its permission
     for i in chosen:
         o = outcomes[i]
@@ -174,6 +208,8 @@ def run_sweep(sweep: Sweep, ranks: int, out: Path, mpiexec: list[str], *, wrappe
         print(progress_line(i + 1, len(outcomes), o, log), flush=True)
         if only is None:
             write_manifest(out, sweep, ranks, outcomes)
+        else:
+            record_member(out, sweep, ranks, outcomes, only)
     return [outcomes[i] for i in chosen]
 
 
