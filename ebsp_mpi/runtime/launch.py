@@ -62,7 +62,7 @@ def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True, resume:
     if code:
         return code
     try:
-        mpi.restart_clock(ctx, mpi.Silence(job.runtime.stall_timeout_s, "a rank that has set up"))
+        mpi.restart_clock(ctx, mpi.Silence(job.runtime.stall_timeout_s, "the server (rank 0)"))
         ctx.t0 -= resumed_at  # a resumed run's clock goes on from its checkpoint
         summary = role.run()  # a worker's ends by sending its statistics to the server
         # the ranks part together; a rank that stops answering now is named instead of waited for
@@ -146,7 +146,8 @@ def _share_codes(ctx, code: int, codes: np.ndarray, timeout_s: float) -> None:
         mpi.wait_all(receives, backoff, mpi.Deadline(timeout_s, say), heard_from)
         mpi.wait_all([ctx.comm.Ibcast(codes, root=0)], backoff)  # every rank has reported: it waits for this
         return
-    send = ctx.comm.Isend(np.array([code], np.int32), 0, SETUP_TAG)
+    mine = np.array([code], np.int32)  # kept until the send completes
+    send = ctx.comm.Isend(mine, 0, SETUP_TAG)
     outcome = ctx.comm.Ibcast(codes, root=0)
     mpi.wait_all([send, outcome], backoff, mpi.Deadline(
         2 * timeout_s, lambda: f"the server (rank 0) gave no set-up outcome {2 * timeout_s:g} s after rank "
