@@ -38,7 +38,7 @@ def test_field_positions_follow_the_fields_whatever_their_order():
 def test_every_tag_is_named_once_in_the_protocol():
     tags = {name: value for name, value in vars(protocol).items() if name.endswith("_TAG")}
     assert set(tags) == {"PUSH_TAG", "PULL_TAG", "CLOCK_TAG", "STATS_TAG", "ALIVE_TAG", "ORDER_TAG", "SNAP_TAG",
-                         "FETCH_TAG"}
+                         "FETCH_TAG", "SETUP_TAG"}
     assert len(set(tags.values())) == len(tags) and max(tags.values()) < CHUNK_TAG0
 
 

@@ -30,6 +30,9 @@ A worker's iteration, as messages (docs/design.md, "Parameters on the wire"):
   part of the unit's weights as they are now: under BSP the round's, under the other models the
   latest. The unit's gradient goes back as
   ordinary push chunks (the messages break at the unit's edges), and no pull reply carries the unit.
+- **set-up outcome** (``SETUP_TAG``, to rank 0), once per rank before training: its exit code (0:
+  set up); rank 0 broadcasts them all (``runtime.launch``), naming a rank that has not sent its code
+  within ``runtime.setup_timeout_s``.
 - **statistics** (``STATS_TAG``, to rank 0), once per rank: from a worker after the reply that told
   it to stop, and from each of servers 1..k-1 after rank 0's ``end`` order; a small dict for the
   run's summary (the only pickled message; it is off the hot path). Rank 0 takes each whenever it
