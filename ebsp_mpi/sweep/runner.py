@@ -154,7 +154,7 @@ def _manifest_lock(out: Path):
         yield
 
 
-def record_member(out: Path, sweep: Sweep, ranks: int, outcomes: list[Outcome], i: int, print=print) -> None:
+def record_member(out: Path, sweep: Sweep, ranks: int, outcomes: list[Outcome], i: int) -> None:
     """Record member `i`'s outcome in ``OUT/sweep.json`` beside what the other members' tasks recorded
     (the manifest is written first if no task has yet). A file system that cannot lock is one line
     saying so: the member's log and run directory still say how it went."""
