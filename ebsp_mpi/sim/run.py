@@ -300,9 +300,11 @@ def _iteration_table(result: SimResult, parts: list, ends: list[dict[int, float]
 
 
 def _per_worker_sums(column: np.ndarray, first: np.ndarray) -> list[float]:
-    """Each worker's sum of `column` (rows ``first[w]:first[w + 1]``)."""
-    column = np.ascontiguousarray(column)
-    return [float(column[a:b].sum()) for a, b in zip(first[:-1].tolist(), first[1:].tolist(), strict=True)]
+    """Each worker's sum of `column` (rows ``first[w]:first[w + 1]``; 0 for a worker with none), in
+    one pass over the column."""
+    counts = np.diff(first)
+    owner = np.repeat(np.arange(len(counts)), counts)
+    return np.bincount(owner, weights=column, minlength=len(counts)).tolist()
 
 
 def _push_rows(result: SimResult) -> np.ndarray:
