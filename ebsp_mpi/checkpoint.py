@@ -9,7 +9,11 @@ the evaluations so far and the accuracy targets reached; the run's clock (second
 resolved job. A worker's data position and random state follow from its iteration count: its batches
 and its straggler jitter are drawn from ``(seed, worker, epoch)`` and ``(seed, worker, iteration)``.
 
-It is written whole or not at all: into a temporary file renamed over the previous checkpoint. Every
+It is written whole or not at all: into a temporary file renamed over the previous checkpoint. An MPI
+run's server writes it first as ``checkpoint.pending.h5`` and renames that over ``checkpoint.h5`` only
+once every worker has flushed its trace up to the iterations the checkpoint counts (``commit_checkpoint``):
+a run killed in between resumes from the previous checkpoint, so that no trace row of the work a
+checkpoint counts can be missing. A pending file left by a killed run is never read. Every
 array carries the SHA-256 of its values (attribute ``sha256``), and the file the SHA-256 of its
 attributes (``attrs_sha256``: the job, the counts, the policy's state) and of the OSDP plan file the job
 names (``plan_sha256``): a damaged checkpoint, or a plan file replaced since, is refused in one line
@@ -21,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,12 +33,14 @@ import h5py
 import numpy as np
 
 from .config import ConfigError, JobConfig, apply_overrides, job_from_dict, load_job, to_dict
-from .errors import UsageError
-from .outputs import array_digest, atomic_path
+from .errors import OutputError, UsageError
+from .outputs import array_digest, atomic_path, os_error_text
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "checkpoint.h5"
+#: a checkpoint written and not yet committed (``write_checkpoint(pending=True)``, ``commit_checkpoint``)
+PENDING_FILE = "checkpoint.pending.h5"
 FORMAT = 2  # 2: the SHA-256 of every array, of the attributes and of the OSDP plan file
 #: formats read: 1, written before the checksums, is read unverified (with a warning)
 READABLE = (1, 2)
@@ -83,10 +90,11 @@ def plan_digest(config: dict) -> str:
         return ""
 
 
-def write_checkpoint(run_dir: Path, ckpt: Checkpoint) -> Path:
-    """Write ``run_dir/checkpoint.h5`` atomically, with the checksums of the module docstring;
-    OutputError (one line) if the disk refuses."""
-    path = Path(run_dir) / CHECKPOINT_FILE
+def write_checkpoint(run_dir: Path, ckpt: Checkpoint, pending: bool = False) -> Path:
+    """Write ``run_dir/checkpoint.h5`` atomically, with the checksums of the module docstring, or with
+    `pending` ``run_dir/checkpoint.pending.h5``, for :func:`commit_checkpoint`; OutputError (one line)
+    if the disk refuses."""
+    path = Path(run_dir) / (PENDING_FILE if pending else CHECKPOINT_FILE)
     arrays = {"params": np.asarray(ckpt.params), "velocity": np.asarray(ckpt.velocity),
               "iterations": np.asarray(ckpt.iterations, dtype=np.int64),
               **{f"totals/{name}": np.asarray(ckpt.totals[name], dtype=np.float64) for name in (*TOTALS, LAST_LOSS)}}
@@ -100,6 +108,16 @@ def write_checkpoint(run_dir: Path, ckpt: Checkpoint) -> Path:
             f.create_dataset(name, data=values).attrs["sha256"] = array_digest(values)
         f.attrs.update(attrs)
         f.attrs["attrs_sha256"] = _attrs_digest(attrs)
+    return path
+
+
+def commit_checkpoint(run_dir: Path) -> Path:
+    """Make the pending checkpoint of :func:`write_checkpoint` the run's checkpoint (a rename)."""
+    path = Path(run_dir) / CHECKPOINT_FILE
+    try:
+        os.replace(path.with_name(PENDING_FILE), path)
+    except OSError as e:
+        raise OutputError(f"cannot write {path}: {os_error_text(e)}") from None
     return path
 
 

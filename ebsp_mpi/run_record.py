@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import Checkpoint, write_checkpoint
+from .checkpoint import Checkpoint, commit_checkpoint, write_checkpoint
 from .config import to_dict
 from .outputs import AccuracyTargets, write_model, write_summary
 
@@ -67,15 +67,19 @@ class RunRecord:
         return t >= self.next_checkpoint
 
     def checkpoint(self, t: float, *, params, velocity, version: int, iterations, totals: dict, rejected: int = 0,
-                   policy: dict | None = None) -> None:
-        """Write ``checkpoint.h5`` as of run time `t` (``ebsp_mpi.checkpoint``); the next is due an
-        interval later."""
+                   policy: dict | None = None, pending: bool = False) -> None:
+        """Write ``checkpoint.h5`` as of run time `t` (``ebsp_mpi.checkpoint``), or with `pending` the
+        file that :meth:`commit_checkpoint` makes it; the next is due an interval later."""
         write_checkpoint(self.run_dir, Checkpoint(
             params=params, velocity=velocity, version=version, run_seconds=t, iterations=iterations, totals=totals,
             rejected=rejected, policy=policy or {}, evals=self.evals, reached=self.targets.reached,
-            config=self.config, plan_sha256=self.plan_sha256))
+            config=self.config, plan_sha256=self.plan_sha256), pending=pending)
         every = self.job.checkpoint.every_seconds
         self.next_checkpoint = t + every if every else np.inf
+
+    def commit_checkpoint(self) -> None:
+        """The pending checkpoint becomes the run's checkpoint."""
+        commit_checkpoint(self.run_dir)
 
     def write_model(self, state_dict: dict, version: int, sync: str) -> None:
         """``model.h5``: the trained model at `version` (its optimizer step), trained under `sync`."""

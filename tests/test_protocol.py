@@ -14,8 +14,9 @@ from ebsp_mpi.runtime.wire_dense import _chunks_of_tensors
 def test_headers_are_written_and_read_by_field_name():
     head = header(PUSH_FIELDS)
     pack(head, PUSH_FIELDS, epoch=1.5, loss=0.25, iteration=7, version=3, injected_delay_s=0.01, compute_s=0.5,
-         wait_s=0.25, finite=1.0)
+         wait_s=0.25, finite=1.0, flushed=0.0)
     assert (head[PUSH.iteration], head[PUSH.version], head[PUSH.loss], head[PUSH.finite]) == (7, 3, 0.25, 1.0)
+    assert head[PUSH.flushed] == 0.0
     assert (head[PUSH.injected_delay_s], head[PUSH.epoch]) == (0.01, 1.5)
     reply = header(PULL_FIELDS)
     pack(reply, PULL_FIELDS, stop=1.0, flush=0.0, version=9)
@@ -96,8 +97,9 @@ def _server_with(inbox, left):
     from ebsp_mpi.runtime.peers import PeerServers
 
     ctx = SimpleNamespace(comm=inbox, servers=1, worker_of=lambda rank: rank - 1, now=lambda: 0.0)
+    flushed = []  # the workers whose traces are closed, in the order their statistics came
     return SimpleNamespace(ctx=ctx, coordinator=SimpleNamespace(left=set(left)), stats=[None, None],
-                           peers=PeerServers(ctx, None, 60.0))
+                           peers=PeerServers(ctx, None, 60.0), flushed=flushed, _flushed=flushed.append)
 
 
 def test_the_server_takes_the_statistics_of_stopped_workers():
@@ -106,6 +108,7 @@ def test_the_server_takes_the_statistics_of_stopped_workers():
     server = _server_with(_Inbox((2, STATS_TAG, {"iterations": 7}), (1, STATS_TAG, {"iterations": 8})), {0, 1})
     assert Server._take_other_messages(server) is True
     assert server.stats == [{"iterations": 8}, {"iterations": 7}]
+    assert server.flushed == [1, 0]  # a worker that reports has closed its trace: a pending checkpoint may commit
     assert Server._take_other_messages(server) is False
 
 

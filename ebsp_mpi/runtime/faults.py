@@ -5,8 +5,11 @@
   (the fault fires when it takes in that many); ``end`` on a worker: after its stop reply, before it
   reports its statistics; on the server: after the last worker has stopped, before the model is written;
   ``setup`` on any rank: once it has built its part of the job, before it reports its set-up;
-- ``MODE``: ``raise`` (the default: an exception, which aborts the job) or ``hang`` (the rank stops
-  answering, as if stopped with SIGSTOP, which the watchdogs must name).
+  ``flush`` on a worker: at the second reply that asks it to flush its trace (the server has written a
+  checkpoint, its second), before it flushes;
+- ``MODE``: ``raise`` (the default: an exception, which aborts the job), ``hang`` (the rank stops
+  answering, as if stopped with SIGSTOP, which the watchdogs must name) or ``kill`` (the rank sends
+  itself SIGKILL: nothing is flushed or cleaned up, as when Slurm or the OOM killer ends it).
 
 Standard library only: the command line checks the variable before MPI starts (one line, exit code 2).
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from dataclasses import dataclass
 
@@ -24,23 +28,27 @@ log = logging.getLogger(__name__)
 
 FAULT_ENV = "EBSP_INJECT_FAULT"
 #: the moments a fault may name besides a count
-WORDS = ("setup", "end")
+WORDS = ("setup", "end", "flush")
+MODES = ("raise", "hang", "kill")
 
 
 @dataclass(frozen=True)
 class Fault:
-    """A fault to inject on `rank`: at `when` (an iteration or push count, ``"setup"`` or ``"end"``), by `mode`."""
+    """A fault to inject on `rank`: at `when` (an iteration or push count, or one of :data:`WORDS`), by `mode`."""
 
     rank: int
     when: int | str
     mode: str = "raise"
 
     def due(self, count: int | str) -> bool:
-        """True when `count` (this rank's iteration or push count, or ``"end"``) is when it fires."""
+        """True when `count` (this rank's iteration or push count, or one of :data:`WORDS`) is when it fires."""
         return self.when == count
 
     def fire(self, where: str) -> None:
-        """Raise, or hang for good, at `where` (named in the message)."""
+        """Raise, hang for good or die of SIGKILL, at `where` (named in the message)."""
+        if self.mode == "kill":
+            log.warning("rank %d kills itself at %s (%s)", self.rank, where, FAULT_ENV)
+            os.kill(os.getpid(), signal.SIGKILL)
         if self.mode == "hang":
             log.warning("rank %d hangs at %s (%s)", self.rank, where, FAULT_ENV)
             while True:
@@ -60,9 +68,9 @@ def parse_fault(spec: str, world_size: int) -> Fault | None:
         return None
     parts = spec.split(":")
     if len(parts) not in (2, 3) or not parts[0].isdigit() or not (parts[1].isdigit() or parts[1] in WORDS) or \
-            (len(parts) == 3 and parts[2] not in ("raise", "hang")):
-        raise UsageError(f"{FAULT_ENV} = {spec!r}: expected RANK:WHEN or RANK:WHEN:hang (RANK and WHEN numbers, "
-                         f"WHEN may be 'setup' or 'end')")
+            (len(parts) == 3 and parts[2] not in MODES):
+        raise UsageError(f"{FAULT_ENV} = {spec!r}: expected RANK:WHEN or RANK:WHEN:MODE (RANK and WHEN numbers, "
+                         f"WHEN may be {', '.join(WORDS)}; MODE {', '.join(MODES)})")
     rank = int(parts[0])
     if rank >= world_size:
         raise UsageError(f"{FAULT_ENV} = {spec!r}: rank {rank} does not exist; this job has ranks "

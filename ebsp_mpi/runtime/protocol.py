@@ -66,13 +66,16 @@ CHUNK_TAG0 = 100
 #: push header: iteration (0-based index of this worker's iteration), the model version the gradient was
 #: computed from, the minibatch loss, the injected straggler delay (s), epochs of its shard done, the
 #: seconds of forward + backward, and the seconds the worker waited for the weights it used (the server
-#: sums these three per worker, so that a checkpoint knows them), and 1 when every value the push
+#: sums these three per worker, so that a checkpoint knows them), 1 when every value the push
 #: carries (gradient chunks, sufficient factors) is finite: the worker checks each value before sending it,
-#: and every server rejects the push whole when the header says no
-PUSH_FIELDS = ("iteration", "version", "loss", "injected_delay_s", "epoch", "compute_s", "wait_s", "finite")
+#: and every server rejects the push whole when the header says no; and 1 when the worker has flushed
+#: its trace as the reply before asked (the server commits its pending checkpoint once every worker has)
+PUSH_FIELDS = ("iteration", "version", "loss", "injected_delay_s", "epoch", "compute_s", "wait_s", "finite",
+               "flushed")
 #: pull reply header: the model version of the weights that follow, 1 when the worker must stop, 1 when
-#: the worker should flush its trace (the server has written a checkpoint: what a resumed run keeps of
-#: the traces is what was flushed before it)
+#: the worker should flush its trace (the server has written a checkpoint, which it commits once every
+#: worker's trace holds what the checkpoint counts: what a resumed run keeps of the traces is what was
+#: flushed before it)
 PULL_FIELDS = ("version", "stop", "flush")
 
 

@@ -51,6 +51,7 @@ class Recorder:
         # headers), for checkpoints; and what a resumed run had done before this process started
         self.totals = {name: np.zeros(n) for name in TOTALS}
         self.resumed_totals = {name: np.zeros(n) for name in TOTALS}
+        self.pending: tuple | None = None  # (t, version, pushes, seconds to write) of a checkpoint not committed
         if resumed is not None:
             for name in TOTALS:
                 self.totals[name][...] = resumed.totals[name]
@@ -95,17 +96,26 @@ class Recorder:
     # -- checkpoints ----------------------------------------------------------------------------
 
     def checkpoint(self, t: float, params: np.ndarray, velocity: np.ndarray, coordinator, policy) -> None:
-        """Write the run's state at run time `t` (``checkpoint.h5``): the whole model `params` and
-        optimizer state `velocity`, the coordinator's counts and the policy's state."""
+        """Write the run's state at run time `t` as the pending checkpoint (``checkpoint.pending.h5``):
+        the whole model `params` and optimizer state `velocity`, the coordinator's counts and the
+        policy's state. :meth:`commit_checkpoint` makes it the run's once the workers' traces hold what
+        it counts."""
         c0 = self.ctx.now()
-        # the trace first: a kill between the two must not leave pushes the checkpoint counts out of it
+        # the trace first: a kill after the commit must not leave pushes the checkpoint counts out of it
         self.trace.flush()
         self.record.checkpoint(t, params=params, velocity=velocity, version=coordinator.version,
                                iterations=np.array(coordinator.pushes),
                                totals={**self.totals, LAST_LOSS: self.last_loss}, rejected=coordinator.rejected,
-                               policy=policy.state_dict())
-        log.info("checkpoint at %.1f s: version %d, %d pushes, written in %.2f s", t, coordinator.version,
-                 sum(coordinator.pushes), self.ctx.now() - c0)
+                               policy=policy.state_dict(), pending=True)
+        self.pending = (t, coordinator.version, sum(coordinator.pushes), self.ctx.now() - c0)
+
+    def commit_checkpoint(self) -> None:
+        """The pending checkpoint becomes ``checkpoint.h5``, the one a resume reads."""
+        self.record.commit_checkpoint()
+        t, version, pushes, seconds = self.pending
+        log.info("checkpoint at %.1f s: version %d, %d pushes, written in %.2f s, committed %.2f s later", t,
+                 version, pushes, seconds, self.ctx.now() - t)
+        self.pending = None
 
     # -- progress and the end -------------------------------------------------------------------
 

@@ -78,6 +78,7 @@ class Server:
         self.alive = KeepAlive(ctx.comm, job.runtime.stall_timeout_s)  # to the workers whose pulls are held
         self.stats: list[dict | None] = [None] * n  # what each worker reports once it has stopped
         self.flush_asked = np.zeros(n, dtype=bool)  # a checkpoint was written: flush your trace
+        self.unflushed = np.zeros(n, dtype=bool)  # whose trace may lack rows the pending checkpoint counts
         self.trace = open_rank_trace(ctx, job, run_dir, role="server", backend="numpy", device="cpu",
                                      append=resume is not None)
         self.trace.set_attrs(**self.layout.as_attrs())
@@ -149,6 +150,8 @@ class Server:
         self.pull_requested[w] = t
         self.trace.append("pushes", worker=w, iteration=iteration, t=t, version_before=version_before,
                           staleness=version_before - version_used, rejected=rejected)
+        if head[PUSH.flushed]:  # its trace holds every iteration the pending checkpoint counts
+            self._flushed(w)
         actions = coordinator.push(w, t, rejected)
         if self.fault is not None and self.fault.due(pushed := sum(coordinator.pushes)):
             self.fault.fire(f"push {pushed}")
@@ -180,7 +183,7 @@ class Server:
         self.round_mask[list(round_.members)] = 1.0  # the workers rebuild the SFB layers' mean from these
         replies = [self._reply(reply, self.params, t, send_weights=False) for reply in round_.replies]
         self.store.apply_round(list(round_.members), round_.version, replies)
-        if self.recorder.record.checkpoint_due(t):  # between rounds is the one consistent point of BSP
+        if self._checkpoint_due(t):  # between rounds is the one consistent point of BSP
             self._checkpoint(t)
 
     def _reply(self, reply: Reply, buffer: np.ndarray, t: float, send_weights: bool = True):
@@ -217,7 +220,7 @@ class Server:
         if terminate_requested() and not self.coordinator.stopping:
             log.warning("SIGTERM: the run stops at each worker's next pull, after a checkpoint")
             self.coordinator.request_stop()
-        if self.recorder.record.checkpoint_due(now) and not self.policy.round_based:  # BSP's: at a round's end
+        if self._checkpoint_due(now) and not self.policy.round_based:  # BSP's: at a round's end
             self._checkpoint(now)
         self._take_other_messages()
         self.trace.maybe_flush()
@@ -259,6 +262,7 @@ class Server:
                 raise ProtocolError(f"unexpected message from rank {status.Get_source()} with tag "
                                     f"{status.Get_tag()} ({status.Get_count(MPI.BYTE)} bytes)")
             self.stats[w] = comm.recv(source=status.Get_source(), tag=STATS_TAG)
+            self._flushed(w)  # a worker reports once it has closed its trace
         return took
 
     def _collect_stats(self) -> list[dict]:
@@ -281,12 +285,30 @@ class Server:
 
     # -- checkpoints ----------------------------------------------------------------------------
 
+    def _checkpoint_due(self, t: float) -> bool:
+        """A checkpoint is due at `t`, and the last one is committed."""
+        return self.recorder.pending is None and self.recorder.record.checkpoint_due(t)
+
     def _checkpoint(self, t: float, whole: tuple[np.ndarray, np.ndarray] | None = None) -> None:
-        """Write the run's state at run time `t` (``checkpoint.h5``; see ``ebsp_mpi.checkpoint``): the
-        parameters and optimizer state `whole` already gathered as of now, or gathered here."""
+        """Write the run's state at run time `t` as the pending checkpoint: the parameters and optimizer
+        state `whole` already gathered as of now, or gathered here. It is committed (becomes the one a
+        resume reads) once every worker's trace holds the iterations it counts: each flushes at its next
+        reply and says so in its next push, or has closed its trace and reported (:meth:`_flushed`). A
+        kill before then resumes from the previous checkpoint, so no worker's trace lacks rows of work
+        a checkpoint counts."""
         params, velocity = whole if whole is not None else (self._whole_model(velocity=True), self.whole_velocity)
         self.recorder.checkpoint(t, params, velocity, self.coordinator, self.policy)
         self.flush_asked[:] = True  # the workers flush theirs at their next reply
+        self.unflushed[:] = [s is None for s in self.stats]
+        self._flushed(None)
+
+    def _flushed(self, w: int | None) -> None:
+        """Worker `w` has flushed its trace since the pending checkpoint was written: commit it when
+        every worker has."""
+        if w is not None:
+            self.unflushed[w] = False
+        if self.recorder.pending is not None and not self.unflushed.any():
+            self.recorder.commit_checkpoint()
 
     def _restore(self, ckpt: Checkpoint) -> None:
         """Continue from `ckpt`: the weights, optimizer state, counts and policy state (the recorder
@@ -331,7 +353,8 @@ class Server:
         # even if a worker fails to report
         self.recorder.record.write_model(self.space.state_dict(), version, self.policy.name)
         self.trace.flush()
-        self._checkpoint(wall, (whole, self.whole_velocity))  # the end, from which a longer run can go on
+        # the end, from which a longer run can go on: committed as each worker's statistics come in
+        self._checkpoint(wall, (whole, self.whole_velocity))
         self.peers.end(self.ctx.now())
         if self.fetches is not None:  # every worker has had its stop reply: no fetch is coming
             self.fetches.close()

@@ -86,9 +86,11 @@ class Worker:
                                      device=self.backend.describe(), append=start_iteration > 0)
         if start_iteration > 0:  # the iterations after the checkpoint are done again
             self.trace.truncate("iterations", "iteration", start_iteration - 1)
-            # and those it counted that a kill kept from reaching this file are said to be lost
+            # and any it counted that never reached this file are said to be lost (the server commits a
+            # checkpoint only once our flush has come: a checkpoint of an older version may not have)
             self.trace.mark_lost("iterations", "iteration", start_iteration)
         self.fault = fault_for(ctx.rank, ctx.size)  # EBSP_INJECT_FAULT, to test the failure paths
+        self.flush_requests, self.flushed = 0, 0.0  # replies that asked us to flush; 1.0: tell the next push
 
     def _make_wire(self) -> None:
         """The wire's strategies (see the module docstring), and how the gradient is computed."""
@@ -162,8 +164,12 @@ class Worker:
         with self._untraced():  # the trace is no part of what a plan predicts
             if self.row is not None:  # the previous iteration ends when its pull completes (a full buffer flushes)
                 self.trace.append("iterations", **self.row, t_end=t_start, wait_s=t_start - self.t_push)
-            if header[PULL.flush]:  # the server wrote a checkpoint
+            if header[PULL.flush]:  # the server wrote a checkpoint: it commits it once our trace holds its rows
+                self.flush_requests += 1
+                if self.fault is not None and self.fault.due("flush") and self.flush_requests == 2:
+                    self.fault.fire("the second request to flush the trace")
                 self.trace.flush()
+                self.flushed = 1.0
         if self.buffers.staged and not stop:
             self.model.space.data[...] = self.backend.asarray(self.buffers.params)
         return stop
@@ -194,7 +200,9 @@ class Worker:
         wait_s, self.t_push = t_start - self.t_push, self.ctx.now()
         epoch = self.stream.epochs_done
         self.dense.send_header(iteration=self.iteration, version=self.version, loss=loss, injected_delay_s=delay,
-                               epoch=epoch, compute_s=compute_s, wait_s=wait_s, finite=float(self.finite.ok))
+                               epoch=epoch, compute_s=compute_s, wait_s=wait_s, finite=float(self.finite.ok),
+                               flushed=self.flushed)
+        self.flushed = 0.0
         # the iteration's trace row, less its end (t_end, wait_s): known when the next pull completes
         self.row = dict(iteration=self.iteration, t_start=t_start, t_compute_end=t_compute_end, t_push=self.t_push,
                         version=self.version, loss=loss, injected_delay_s=delay, epoch=epoch)
