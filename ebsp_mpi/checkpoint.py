@@ -134,8 +134,10 @@ def read_checkpoint(run_dir, arrays: bool = True) -> Checkpoint:
     """
     path = Path(run_dir) / CHECKPOINT_FILE
     if not path.is_file():
+        pending = (f"; its {PENDING_FILE} was never committed: the run stopped before every worker's trace "
+                   f"held what it counts") if path.with_name(PENDING_FILE).is_file() else ""
         raise UsageError(f"--resume {run_dir}: no {CHECKPOINT_FILE} there (a run writes one every "
-                         f"checkpoint.every_seconds, on SIGTERM and at its end)")
+                         f"checkpoint.every_seconds, on SIGTERM and at its end){pending}")
     try:
         with h5py.File(path, "r") as f:
             fmt = f.attrs.get("format")

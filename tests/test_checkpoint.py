@@ -14,8 +14,8 @@ import h5py
 import numpy as np
 import pytest
 
-from ebsp_mpi.checkpoint import (CHECKPOINT_FILE, LAST_LOSS, TOTALS, Checkpoint, read_checkpoint, resume_job,
-                                 write_checkpoint)
+from ebsp_mpi.checkpoint import (CHECKPOINT_FILE, LAST_LOSS, PENDING_FILE, TOTALS, Checkpoint, commit_checkpoint,
+                                 read_checkpoint, resume_job, write_checkpoint)
 from ebsp_mpi.config import SyncConfig, load_job, to_dict
 from ebsp_mpi.errors import UsageError
 from ebsp_mpi.outputs import read_model
@@ -63,6 +63,15 @@ def test_a_missing_or_broken_checkpoint_is_one_line(tmp_path, damage, message):
         (tmp_path / CHECKPOINT_FILE).write_bytes(damage)
     with pytest.raises(UsageError, match=message):
         read_checkpoint(tmp_path)
+
+
+def test_a_pending_checkpoint_is_never_read_and_is_committed_by_a_rename(tmp_path):
+    write_checkpoint(tmp_path, checkpoint_of(version=3), pending=True)
+    with pytest.raises(UsageError, match=r"no checkpoint\.h5 .* its checkpoint\.pending\.h5 was never committed"):
+        read_checkpoint(tmp_path)
+    write_checkpoint(tmp_path, checkpoint_of(version=5), pending=True)  # a later one replaces it
+    commit_checkpoint(tmp_path)
+    assert read_checkpoint(tmp_path).version == 5 and not (tmp_path / PENDING_FILE).exists()
 
 
 def test_a_resumed_job_may_change_only_how_long_it_runs(tmp_path):
