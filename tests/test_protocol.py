@@ -7,7 +7,10 @@ import pytest
 from ebsp_mpi.nn import build_model
 from ebsp_mpi.runtime import protocol
 from ebsp_mpi.runtime.protocol import (AUTO_CHUNK_BYTES, CHUNK_TAG0, PULL, PULL_FIELDS, PUSH, PUSH_FIELDS, STATS_TAG,
-                                      ProtocolError, chunk_bytes_for, field_index, header, pack, plan_chunks)
+                                      ProtocolError, chunk_bytes_for, coalesce_chunks, field_index, header, pack,
+                                      plan_chunks)
+from ebsp_mpi.runtime.hybrid import parts_of_chunks
+from ebsp_mpi.runtime.layout import _coalesced
 from ebsp_mpi.runtime.wire_dense import _chunks_of_tensors
 
 
@@ -55,6 +58,27 @@ def test_chunks_cover_the_buffer_in_order_and_never_straddle_tensors():
 def test_too_many_chunks_for_the_tag_limit_is_an_error():
     with pytest.raises(ValueError, match="raise runtime.chunk_bytes"):
         plan_chunks([(0, 1000)], itemsize=4, chunk_bytes=4, tag_ub=CHUNK_TAG0 + 10)
+
+
+def test_runs_of_small_whole_tensors_join_into_one_message():
+    # tensors of 10, 5, 100, 3 and 4 elements in pieces of at most 40: the 100 in three, never joined
+    chunks = plan_chunks([(0, 10), (10, 5), (15, 100), (115, 3), (118, 4)], itemsize=4, chunk_bytes=160)
+    whole = [(c.start, c.stop) in {(0, 10), (10, 15), (115, 118), (118, 122)} for c in chunks]
+    joined = coalesce_chunks(chunks, whole, limit=20)
+    assert [(c.start, c.stop) for c in joined] == [(0, 15), (15, 55), (55, 95), (95, 115), (115, 122)]
+    assert [c.tag for c in joined] == list(range(CHUNK_TAG0, CHUNK_TAG0 + 5))
+    tighter = coalesce_chunks(chunks, whole, limit=12)  # 0-15 would hold 15 elements
+    assert [(c.start, c.stop) for c in tighter][:2] == [(0, 10), (10, 15)] and len(tighter) == 6
+
+
+def test_a_joined_message_charges_each_of_its_tensors_and_leaves_sfb_weights_alone():
+    space = build_model("mlp", (20,), 5, hidden=[30], seed=0).space  # dense1.W, .b, dense2.W, .b
+    chunks = plan_chunks([(t.offset, t.size) for t in space.tensors], 4, chunk_bytes=4096)
+    joined = _coalesced(chunks, space, set(), 4096)
+    assert len(joined) == 1 and parts_of_chunks(space, joined)[0] == tuple((t.name, t.size) for t in space.tensors)
+    apart = _coalesced(chunks, space, {"dense1.W"}, 4096)  # its factors go their own way
+    assert [parts_of_chunks(space, [c])[0][0][0] for c in apart] == ["dense1.W", "dense1.b"]
+    assert _chunks_of_tensors(space, joined) == {t.name: [] for t in space.tensors}  # it goes with the rest
 
 
 def test_each_tensor_knows_its_chunks_for_wait_free_backprop():

@@ -17,8 +17,8 @@ from mpi4py import MPI
 
 from .. import build
 from ..plan.osdp_schedule import Schedule, make_schedule
-from .hybrid import SFBLayer, sfb_layers, tensor_of_chunks
-from .protocol import Chunk, Shard, owner_of_chunks, plan_chunks, plan_shards
+from .hybrid import SFBLayer, parts_of_chunks, sfb_layers, tensor_of_chunks
+from .protocol import COALESCE_BYTES, Chunk, Shard, coalesce_chunks, owner_of_chunks, plan_chunks, plan_shards
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class Layout:
     chunks : list of Chunk
         The messages of a push (and of a reply), in buffer order.
     chunk_tensor : list of str
-        The tensor of each chunk.
+        The tensor of each chunk (the first, of a chunk that joins small tensors).
     chunk_bytes : int
         The largest message, in bytes.
     sfb : list of SFBLayer
@@ -51,6 +51,8 @@ class Layout:
     unit_chunks : list of list of (int, int)
         Per unit of the schedule: its chunks, each with its element offset within the unit, in unit
         order (:meth:`unit_pieces` groups them by server).
+    chunk_parts : tuple of tuple of (str, int)
+        Per chunk, ``(tensor, elements)`` of each tensor in it (:meth:`parts`; empty: one each).
     """
 
     chunks: list[Chunk]
@@ -64,6 +66,11 @@ class Layout:
     schedule: Schedule | None = None
     fetched: tuple[bool, ...] = ()
     unit_chunks: tuple[tuple[tuple[int, int], ...], ...] = ()
+    chunk_parts: tuple[tuple[tuple[str, int], ...], ...] = ()
+
+    def parts(self, k: int) -> tuple[tuple[str, int], ...]:
+        """``(tensor, elements)`` of each tensor chunk `k` holds: what the byte counters charge."""
+        return self.chunk_parts[k] if self.chunk_parts else ((self.chunk_tensor[k], self.chunks[k].size),)
 
     def server_of_layer(self, layer: SFBLayer) -> int:
         """The server that owns an SFB layer's weight tensor (all its chunks are on one server)."""
@@ -122,6 +129,8 @@ def make_layout(ctx, job, model, plan=build.FROM_JOB) -> Layout:
     chunks = plan_chunks(bounds, space.dtype.itemsize, chunk_bytes, tag_upper_bound(ctx.comm))
     names, plan = build.hybrid_plan(job, model, ctx.workers)
     sfb = sfb_layers(space, names)
+    if schedule is None and ctx.servers == 1:  # several servers each own whole tensors; OSDP, its units
+        chunks = _coalesced(chunks, space, {a.name for a in sfb}, min(chunk_bytes, COALESCE_BYTES))
     chunk_tensor = tensor_of_chunks(space, chunks)
     # an SFB layer's factors rebuild its whole weight tensor on one rank: keep its chunks together
     together = [[k for k, t in enumerate(chunk_tensor) if t == a.name] for a in sfb]
@@ -133,7 +142,16 @@ def make_layout(ctx, job, model, plan=build.FROM_JOB) -> Layout:
         raise UsageError(str(e)) from None
     return Layout(chunks=chunks, chunk_tensor=chunk_tensor, chunk_bytes=chunk_bytes, sfb=sfb,
                   sfb_bsp=bool(sfb) and job.sync.model == "bsp", hybrid_plan=plan, shards=shards,
-                  owner=owner_of_chunks(shards), schedule=schedule, **_units_in_chunks(schedule, chunks))
+                  owner=owner_of_chunks(shards), schedule=schedule, chunk_parts=parts_of_chunks(space, chunks),
+                  **_units_in_chunks(schedule, chunks))
+
+
+def _coalesced(chunks: list[Chunk], space, sfb: set[str], limit_bytes: int) -> list[Chunk]:
+    """`chunks` with consecutive small whole tensors joined into one message (``protocol.COALESCE_BYTES``);
+    a piece of a tensor and an SFB layer's weight (its factors go their own way) stay as they are."""
+    whole = {(t.offset, t.offset + t.size) for t in space.tensors if t.name not in sfb}
+    mergeable = [(c.start, c.stop) in whole for c in chunks]
+    return coalesce_chunks(chunks, mergeable, limit_bytes // space.dtype.itemsize)
 
 
 def _cut(bounds: list[tuple[int, int]], cuts: list[int]) -> list[tuple[int, int]]:

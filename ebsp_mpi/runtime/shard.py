@@ -83,7 +83,7 @@ class ShardStore:
         self.opt = build.optimizer(job, params.size)
         self.lr_at = build.schedule(job)
         self.chunks = layout.chunks[shard.first:shard.stop]
-        self.chunk_tensor = layout.chunk_tensor
+        self.chunk_tensor, self.layout = layout.chunk_tensor, layout
         self.sfb = [a for a in layout.sfb if layout.server_of_layer(a) == server]
         sfb_names = {a.name for a in self.sfb}
         self.pushed_chunks = [c for c in self.chunks if self.chunk_tensor[c.tag - CHUNK_TAG0] not in sfb_names]
@@ -125,13 +125,14 @@ class ShardStore:
         self.grads = [np.empty_like(self.params) for _ in range(n)]
         self.headers = [header(PUSH_FIELDS) for _ in range(n)]
         self.recvs: list[MPI.Prequest] = []
-        # request index -> (worker, expected count, MPI datatype, gradient chunk or factor block, tensor, scheme)
+        # request index -> (worker, expected count, MPI datatype, gradient chunk or factor block, the chunk's
+        # index (PS) or the layer (SFB), scheme)
         self.part_of: list[tuple] = []
         for w in range(n):
             for c in pushed:
                 piece = self.grads[w][c.start:c.stop]
                 self.recvs.append(ctx.comm.Recv_init([piece, MPI.FLOAT], ctx.worker_rank(w), c.tag))
-                self.part_of.append((w, c.size, MPI.FLOAT, piece, self.chunk_tensor[c.tag - CHUNK_TAG0], PS))
+                self.part_of.append((w, c.size, MPI.FLOAT, piece, c.tag - CHUNK_TAG0, PS))
             if self.sfb:
                 for req, name, piece in self.factors.receives(ctx.factor_comm, ctx.worker_rank, [w]):
                     self.recvs.append(req)
@@ -290,12 +291,18 @@ class ShardStore:
 
     def _settle_counts(self) -> None:
         """Add the bytes of the parts received and the chunks sent so far to the byte counter."""
+        itemsize = self.params.itemsize
         for i, n in enumerate(self.arrivals_of_part):
-            _, _, _, piece, tensor, scheme = self.part_of[i]
+            _, _, _, piece, what, scheme = self.part_of[i]  # what: a chunk's index (PS), a layer's name (SFB)
             if n and piece is not None:
-                self.bytes.received(tensor, scheme, n * piece.nbytes)
-        for tag, (n, nbytes) in self.sends_of_chunk.items():
-            self.bytes.sent(self.chunk_tensor[tag - CHUNK_TAG0], PS, n * nbytes)
+                if scheme == PS:
+                    for tensor, elements in self.layout.parts(what):
+                        self.bytes.received(tensor, PS, n * elements * itemsize)
+                else:
+                    self.bytes.received(what, scheme, n * piece.nbytes)
+        for tag, (n, _) in self.sends_of_chunk.items():
+            for tensor, elements in self.layout.parts(tag - CHUNK_TAG0):
+                self.bytes.sent(tensor, PS, n * elements * itemsize)
         self.arrivals_of_part = [0] * len(self.part_of)
         self.sends_of_chunk = {}
 

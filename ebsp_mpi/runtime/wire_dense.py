@@ -128,10 +128,9 @@ class DenseWire:
         # every push sends the same chunks and every pull receives the same: the byte counts are
         # multiplied out when read (ByteCounter.defer), not added up message by message
         sent = [k for k in held if not self.never_sent[k]]
-        self.per_push = _bytes_per_tensor(sent, self.chunk_tensor, chunks, buffers.grad.itemsize)
-        self.per_pull = {True: _bytes_per_tensor(held, self.chunk_tensor, chunks, buffers.params.itemsize),
-                         False: _bytes_per_tensor(self.pulled_chunks, self.chunk_tensor, chunks,
-                                                  buffers.params.itemsize)}
+        self.per_push = _bytes_per_tensor(sent, layout, buffers.grad.itemsize)
+        self.per_pull = {True: _bytes_per_tensor(held, layout, buffers.params.itemsize),
+                         False: _bytes_per_tensor(self.pulled_chunks, layout, buffers.params.itemsize)}
         self.pushes_done, self.pulls_done = 0, {True: 0, False: 0}
         bytes.defer(self._settle_counts)
         # what the NaN/Inf check reads once per push, after the last chunk went: the sent chunks'
@@ -200,11 +199,12 @@ class DenseWire:
         self.pushes_done, self.pulls_done = 0, {True: 0, False: 0}
 
 
-def _bytes_per_tensor(indices, chunk_tensor, chunks, itemsize: int) -> list[tuple[str, int]]:
-    """``(tensor, bytes)`` of the chunks `indices`, summed per tensor."""
+def _bytes_per_tensor(indices, layout, itemsize: int) -> list[tuple[str, int]]:
+    """``(tensor, bytes)`` of the chunks `indices`, summed per tensor (a chunk may join several)."""
     out: dict[str, int] = {}
     for k in indices:
-        out[chunk_tensor[k]] = out.get(chunk_tensor[k], 0) + chunks[k].size * itemsize
+        for tensor, elements in layout.parts(k):
+            out[tensor] = out.get(tensor, 0) + elements * itemsize
     return list(out.items())
 
 
@@ -229,6 +229,7 @@ def _local_slice(space, tensor: str, c) -> slice | None:
 
 
 def _chunks_of_tensors(space, chunks) -> dict[str, list[int]]:
-    """Which chunks (by index) hold each tensor of `space`; chunks never straddle two tensors."""
+    """Which chunks (by index) hold each tensor of `space`, for wait-free backprop: those within it. A
+    chunk that joins small tensors is no one tensor's, and goes with the rest of the push."""
     return {t.name: [k for k, c in enumerate(chunks) if t.offset <= c.start and c.stop <= t.offset + t.size]
             for t in space.tensors}
