@@ -126,18 +126,9 @@ class ByteCounter:
         return out
 
 
-def tensor_of_chunks(space, chunks) -> list[str]:
-    """The tensor each chunk (by index) starts in: its only one, but for chunks that join whole small
-    tensors (``protocol.coalesce_chunks``; :func:`parts_of_chunks` has all of them)."""
-    names = []
-    for c in chunks:
-        names.append(next(t.name for t in space.tensors if t.offset <= c.start < t.offset + t.size))
-    return names
-
-
-
 def parts_of_chunks(space, chunks) -> tuple[tuple[tuple[str, int], ...], ...]:
-    """Per chunk, ``(tensor, elements)`` of each tensor it holds part of: what the byte counters
-    charge each tensor for the chunk's message."""
+    """Per chunk, ``(tensor, elements)`` of each tensor it holds part of, in buffer order: one tensor,
+    or several for a chunk that joins small ones (``protocol.coalesce_chunks``); what the byte
+    counters charge each tensor for the chunk's message."""
     return tuple(tuple((t.name, min(c.stop, t.offset + t.size) - max(c.start, t.offset)) for t in space.tensors
                        if t.offset < c.stop and c.start < t.offset + t.size) for c in chunks)

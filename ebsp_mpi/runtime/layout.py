@@ -17,7 +17,7 @@ from mpi4py import MPI
 
 from .. import build
 from ..plan.osdp_schedule import Schedule, make_schedule
-from .hybrid import SFBLayer, parts_of_chunks, sfb_layers, tensor_of_chunks
+from .hybrid import SFBLayer, parts_of_chunks, sfb_layers
 from .protocol import COALESCE_BYTES, Chunk, Shard, coalesce_chunks, owner_of_chunks, plan_chunks, plan_shards
 
 
@@ -131,7 +131,8 @@ def make_layout(ctx, job, model, plan=build.FROM_JOB) -> Layout:
     sfb = sfb_layers(space, names)
     if schedule is None and ctx.servers == 1:  # several servers each own whole tensors; OSDP, its units
         chunks = _coalesced(chunks, space, {a.name for a in sfb}, min(chunk_bytes, COALESCE_BYTES))
-    chunk_tensor = tensor_of_chunks(space, chunks)
+    chunk_parts = parts_of_chunks(space, chunks)
+    chunk_tensor = [parts[0][0] for parts in chunk_parts]  # the tensor a chunk starts in
     # an SFB layer's factors rebuild its whole weight tensor on one rank: keep its chunks together
     together = [[k for k, t in enumerate(chunk_tensor) if t == a.name] for a in sfb]
     try:
@@ -142,7 +143,7 @@ def make_layout(ctx, job, model, plan=build.FROM_JOB) -> Layout:
         raise UsageError(str(e)) from None
     return Layout(chunks=chunks, chunk_tensor=chunk_tensor, chunk_bytes=chunk_bytes, sfb=sfb,
                   sfb_bsp=bool(sfb) and job.sync.model == "bsp", hybrid_plan=plan, shards=shards,
-                  owner=owner_of_chunks(shards), schedule=schedule, chunk_parts=parts_of_chunks(space, chunks),
+                  owner=owner_of_chunks(shards), schedule=schedule, chunk_parts=chunk_parts,
                   **_units_in_chunks(schedule, chunks))
 
 
