@@ -32,6 +32,9 @@ EXIT_FAILURE = 1
 
 
 def main(argv=None) -> int:
+    from .runtime.env import prepare_rank_env
+
+    prepare_rank_env()  # as ``python -m ebsp_mpi`` does, for the ``ebsp-mpi`` script run under mpiexec
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = _parser(argv[0] if argv else None)
     args = parser.parse_args(argv)

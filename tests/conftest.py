@@ -1,16 +1,16 @@
 """Shared test set-up.
 
-Under ``mpiexec -n 3 python -m pytest --only-mpi`` every rank is a pytest process: cap BLAS threads
-before NumPy loads, as the launcher does for training runs.
+Under ``mpiexec -n 3 python -m pytest --only-mpi`` every rank is a pytest process: set what a training
+run's rank sets for itself before NumPy and MPI start (one BLAS thread, MPICH's eager messages).
 """
 
 import os
 
 import pytest
 
-from ebsp_mpi.runtime.env import limit_threads_under_mpi
+from ebsp_mpi.runtime.env import prepare_rank_env
 
-limit_threads_under_mpi()
+prepare_rank_env()
 
 # The suite starts a few hundred Python processes (each rank of each end-to-end run). Where the
 # environment disables bytecode caching, each would compile the package's sources again (about 0.4 s

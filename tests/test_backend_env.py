@@ -12,8 +12,10 @@ from ebsp_mpi.backend import BackendError, cupy_status, resolve_backend
 from ebsp_mpi.progress import Progress
 from ebsp_mpi.errors import UsageError
 from ebsp_mpi.runtime import env as launch
-from ebsp_mpi.runtime.env import (BLAS_THREAD_VARS, cap_blas_threads, find_mpiexec, limit_threads_under_mpi,
+from ebsp_mpi.runtime.env import (BLAS_THREAD_VARS, MPICH, MPICH_SHM_VARS, SHM_EAGER_BYTES, cap_blas_threads,
+                                  find_mpiexec, limit_threads_under_mpi, mpi_implementation, prepare_rank_env,
                                   rank_from_env, world_size_from_env)
+from ebsp_mpi.runtime.protocol import COALESCE_BYTES
 
 
 def test_numpy_backend_and_host_copies():
@@ -60,6 +62,69 @@ def test_threads_default_to_one_per_rank_only_under_mpi():
     alone = {}
     limit_threads_under_mpi(alone)
     assert alone == {}
+
+
+def test_a_rank_sets_mpich_eager_messages_only_under_mpi_and_only_all_or_none():
+    env = {"PMI_SIZE": "5"}
+    prepare_rank_env(env)
+    assert env["OMP_NUM_THREADS"] == "1" and all(env[var] == value for var, value in MPICH_SHM_VARS.items())
+    # a joined message fits one cell, with room for MPICH's header; anything larger takes the single copy
+    cell = int(env["MPIR_CVAR_CH4_SHM_POSIX_IQUEUE_CELL_SIZE"])
+    assert COALESCE_BYTES == SHM_EAGER_BYTES < cell <= int(env["MPIR_CVAR_CH4_PACK_BUFFER_SIZE"])
+    assert int(env["MPIR_CVAR_CH4_IPC_CMA_P2P_THRESHOLD"]) == SHM_EAGER_BYTES + 1
+    # one of them chosen by the user: the rest keep MPICH's defaults (cells too small for the threshold
+    # would send every message between the two in pieces)
+    mine = {"PMI_SIZE": "5", "MPIR_CVAR_CH4_IPC_CMA_P2P_THRESHOLD": "8192"}
+    prepare_rank_env(mine)
+    assert [var for var in MPICH_SHM_VARS if var in mine] == ["MPIR_CVAR_CH4_IPC_CMA_P2P_THRESHOLD"]
+    alone = {}
+    prepare_rank_env(alone)
+    assert alone == {}
+
+
+#: rank 0 starts a send of one joined message's size and sees it complete while rank 1 has posted no
+#: receive, as only an eager message can; rank 1 then takes it
+EAGER_CHILD = """
+import sys, time
+import numpy as np
+from mpi4py import MPI
+comm, n = MPI.COMM_WORLD, int(sys.argv[1]) // 4
+if comm.rank == 0:
+    req = comm.Isend([np.ones(n, np.float32), MPI.FLOAT], 1, 7)
+    deadline = time.monotonic() + 2.0
+    while not req.Test() and time.monotonic() < deadline:
+        time.sleep(1e-3)
+    done = req.Test()
+    comm.send(done, 1, 8)
+    req.Wait()
+    print("completed before its receive" if done else "waited for its receive")
+else:
+    done = comm.recv(source=0, tag=8)
+    buf = np.zeros(n, np.float32)
+    comm.Recv([buf, MPI.FLOAT], 0, 7)
+    assert buf.sum() == n
+"""
+
+
+@pytest.mark.timeout(120)
+def test_under_mpich_a_joined_message_travels_eagerly():
+    """The settings reach MPICH when a rank starts (``python -m ebsp_mpi`` and the test ranks set them):
+    a message of ``COALESCE_BYTES`` completes its send with no receive posted. MPICH's own defaults
+    would hold it for the receiver (a rendezvous from 8 KiB), which this test shows too."""
+    import subprocess
+
+    from mpirun import child_env, mpiexec
+
+    if mpi_implementation(mpiexec()) != MPICH:
+        pytest.skip("the settings are MPICH's")
+    code = f"from ebsp_mpi.runtime.env import prepare_rank_env; prepare_rank_env()\n{EAGER_CHILD}"
+    said = {}
+    for case, extra in (("ours", {}), ("mpich's", {"MPIR_CVAR_CH4_SHM_POSIX_IQUEUE_CELL_SIZE": "8192"})):
+        p = subprocess.run([*mpiexec(), "-n", "2", sys.executable, "-c", code, str(COALESCE_BYTES)],
+                           capture_output=True, text=True, timeout=60, env={**child_env(), **extra})
+        assert p.returncode == 0, p.stderr
+        said[case] = p.stdout.strip()
+    assert said == {"ours": "completed before its receive", "mpich's": "waited for its receive"}
 
 
 def test_blas_threads_capped_in_every_pool_unless_chosen():

@@ -1,6 +1,7 @@
 """The launch environment, read and set without initialising MPI: what the launcher tells a process
-(world size, rank), the one cap on BLAS threads, and the one way to find ``mpiexec`` and to launch
-with it (the flags and environment that MPICH's and Open MPI's launchers each need).
+(world size, rank), the defaults a rank sets for itself (one BLAS thread, MPICH's shared memory for
+eager messages), and the one way to find ``mpiexec`` and to launch with it (the flags and environment
+that MPICH's and Open MPI's launchers each need).
 
 The CLI decides between the single-process trainer and the MPI runtime before importing mpi4py, so a
 plain ``python -m ebsp_mpi train`` never needs a working MPI library. Standard library only: the entry
@@ -63,6 +64,47 @@ def limit_threads_under_mpi(env=None) -> None:
     env = os.environ if env is None else env
     if world_size_from_env(env) > 1:
         cap_blas_threads(env)
+
+
+#: a message of at most this many bytes goes through MPICH's shared memory eagerly, in one cell: the
+#: sender's copy completes its send, and the receiver copies it out at its next poll. MPICH's defaults
+#: (8 KiB cells) send anything from 8 KiB by a single-copy rendezvous instead (CMA), which costs each
+#: message a handshake that waits for the sender's next poll: on 2 cores with 5 ranks that sleep between
+#: polls, the digits MLP's BSP round ran 1.05 - 1.2 times as fast with one-cell messages, in
+#: alternating pairs (docs/performance.md, "Eager messages"). Larger messages keep the single copy.
+SHM_EAGER_BYTES = 128 << 10
+#: MPICH's settings behind :data:`SHM_EAGER_BYTES`: cells with room for the message and MPICH's header,
+#: a pack buffer as large (MPICH requires it), the single copy only above the limit, and 32 cells per rank
+#: (a BSP server's burst of a reply and its header to each of 16 workers; beyond that sends wait for a
+#: free cell): 4.1 MiB of shared memory per rank instead of 0.5 MiB
+MPICH_SHM_VARS = {
+    "MPIR_CVAR_CH4_SHM_POSIX_IQUEUE_CELL_SIZE": str(SHM_EAGER_BYTES + 4096),
+    "MPIR_CVAR_CH4_SHM_POSIX_IQUEUE_NUM_CELLS": "32",
+    "MPIR_CVAR_CH4_PACK_BUFFER_SIZE": str(SHM_EAGER_BYTES + 4096),
+    "MPIR_CVAR_CH4_IPC_CMA_P2P_THRESHOLD": str(SHM_EAGER_BYTES + 1),
+}
+
+
+def prepare_rank_env(env=None) -> None:
+    """Under MPI, before NumPy or MPI starts in this process: one BLAS thread per rank
+    (:func:`limit_threads_under_mpi`) and MPICH's shared memory set for eager messages up to
+    :data:`SHM_EAGER_BYTES` (:func:`eager_shm_messages`). Every rank of a job must call it, since MPICH
+    requires the same cell size on every rank of a node."""
+    env = os.environ if env is None else env
+    limit_threads_under_mpi(env)
+    if world_size_from_env(env) > 1:
+        eager_shm_messages(env)
+
+
+def eager_shm_messages(env=None):
+    """Set :data:`MPICH_SHM_VARS` in `env` (``os.environ`` when None) unless any of them is set already:
+    the four only work together (cells too small for the single-copy limit would send every message
+    between them in pieces, several times slower), so a user's own choice of any one of them keeps
+    MPICH's defaults for the rest. Other MPI libraries ignore the variables. Returns `env`."""
+    env = os.environ if env is None else env
+    if not any(var in env for var in MPICH_SHM_VARS):
+        env.update(MPICH_SHM_VARS)
+    return env
 
 
 def cap_blas_threads(env=None, threads: int = 1):

@@ -53,6 +53,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .env import SHM_EAGER_BYTES
+
 PUSH_TAG = 1
 PULL_TAG = 2
 CLOCK_TAG = 3  # the clock-offset ping-pong at start-up (runtime.comm)
@@ -268,8 +270,9 @@ def plan_chunks(tensor_bounds: list[tuple[int, int]], itemsize: int, chunk_bytes
 #: consecutive whole tensors that together hold at most this many bytes go as one message (with one
 #: server and no OSDP plan): a small model's push is bound by the count of its messages, each of which
 #: costs both ends a completion and the server a pass of its loop (docs/performance.md: one message
-#: instead of one per tensor ran the digits MLP 1.19 - 1.30 times as fast, in alternating pairs)
-COALESCE_BYTES = 128 << 10
+#: instead of one per tensor ran the digits MLP 1.19 - 1.30 times as fast, in alternating pairs); the
+#: limit of an eager message (``env.SHM_EAGER_BYTES``), so that a joined message travels as one copy
+COALESCE_BYTES = SHM_EAGER_BYTES
 
 
 def coalesce_chunks(chunks: list[Chunk], mergeable: list[bool], limit: int) -> list[Chunk]:
