@@ -4,6 +4,7 @@ Under ``mpiexec -n 3 python -m pytest --only-mpi`` every rank is a pytest proces
 run's rank sets for itself before NumPy and MPI start (one BLAS thread, MPICH's eager messages).
 """
 
+import contextlib
 import os
 
 import pytest
@@ -39,3 +40,59 @@ def pytest_xdist_auto_num_workers(config):
     """``-n auto``: one worker per CPU this process may use, at most 8. Each worker launches 5-rank
     `mpiexec` runs, so more workers than cores would only make the ranks wait for each other."""
     return max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 8))
+
+
+# -- shared memory left by the runs the suite kills ----------------------------------------------------
+#
+# A job whose ranks are killed (the fault tests, MPI_Abort) never finalizes MPI, so the shared-memory file
+# of its node stays in /dev/shm until it is removed: 25 MB for a 5-rank job with the eager cells every rank
+# sets (runtime.env.MPICH_SHM_VARS), RAM that a tmpfs holds. The suite removes those its own runs left: files
+# that appeared during the session and that no process maps or holds open. (A job starting beside the
+# suite always has its file open or mapped: its first rank creates it open and maps it before closing it.)
+
+SHM_DIR = "/dev/shm"
+SHM_PREFIXES = ("mpich_shm_", "sm_segment.")  # MPICH's; Open MPI's shared-memory transport's
+_shm_at_start: set[str] = set()
+
+
+def _shm_files() -> set[str]:
+    try:
+        return {name for name in os.listdir(SHM_DIR) if name.startswith(SHM_PREFIXES)}
+    except OSError:
+        return set()
+
+
+def _shm_in_use() -> set[str]:
+    """The /dev/shm files some process maps or holds open (as far as this user may read /proc)."""
+    used = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/maps") as maps:
+                used.update(os.path.basename(line.split()[-1]) for line in maps if SHM_DIR + "/" in line)
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith(SHM_DIR + "/"):
+                    used.add(os.path.basename(target))
+        except OSError:
+            continue
+    return used
+
+
+def _owns_the_run(config) -> bool:
+    """The one process that sees the whole session end: not an xdist worker, not a rank of an MPI pass."""
+    from ebsp_mpi.runtime.env import world_size_from_env
+
+    return not hasattr(config, "workerinput") and world_size_from_env() == 1
+
+
+def pytest_sessionstart(session):
+    if _owns_the_run(session.config):
+        _shm_at_start.update(_shm_files())
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not _owns_the_run(session.config) or not os.path.isdir("/proc"):
+        return
+    for name in _shm_files() - _shm_at_start - _shm_in_use():
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(SHM_DIR, name))
