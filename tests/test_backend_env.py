@@ -64,7 +64,8 @@ def test_threads_default_to_one_per_rank_only_under_mpi():
     assert alone == {}
 
 
-def test_a_rank_sets_mpich_eager_messages_only_under_mpi_and_only_all_or_none():
+def test_a_rank_sets_mpich_eager_messages_only_under_mpi_and_only_all_or_none(monkeypatch):
+    monkeypatch.setattr(launch, "shm_room", lambda: float("inf"))
     env = {"PMI_SIZE": "5"}
     prepare_rank_env(env)
     assert env["OMP_NUM_THREADS"] == "1" and all(env[var] == value for var, value in MPICH_SHM_VARS.items())
@@ -80,6 +81,30 @@ def test_a_rank_sets_mpich_eager_messages_only_under_mpi_and_only_all_or_none():
     alone = {}
     prepare_rank_env(alone)
     assert alone == {}
+
+
+@pytest.mark.parametrize("env, ranks", [
+    ({"PMI_SIZE": "12", "MPI_LOCALNRANKS": "5"}, 5),  # Hydra: this node's ranks
+    ({"OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, 4),
+    ({"SLURM_STEP_ID": "0", "SLURM_NTASKS": "11", "SLURM_STEP_TASKS_PER_NODE": "3(x2),5"}, 5),
+    ({"PMI_SIZE": "9"}, 9),  # nothing says: the whole job, never fewer
+])
+def test_the_ranks_of_a_node_need_room_for_eager_cells_or_keep_mpichs_defaults(env, ranks):
+    need = ranks * launch.SHM_BYTES_PER_RANK
+    assert launch.local_ranks(env) == ranks
+    assert launch.eager_shm_messages(dict(env), room=need)["MPIR_CVAR_CH4_SHM_POSIX_IQUEUE_NUM_CELLS"] == "32"
+    # a container's 64 MiB /dev/shm, or ulimit -f: MPICH would fail to start with the cells
+    assert not any(var in launch.eager_shm_messages(dict(env), room=need - 1) for var in MPICH_SHM_VARS)
+
+
+def test_the_room_is_half_of_dev_shm_and_no_more_than_ulimit_f(tmp_path, monkeypatch):
+    import resource
+
+    stat = os.statvfs(tmp_path)
+    assert launch.shm_room(str(tmp_path)) <= stat.f_blocks * stat.f_frsize / 2
+    assert launch.shm_room(str(tmp_path / "missing")) >= 0
+    monkeypatch.setattr(resource, "getrlimit", lambda what: (4 << 20, resource.RLIM_INFINITY))
+    assert launch.shm_room(str(tmp_path)) == min(4 << 20, stat.f_blocks * stat.f_frsize / 2)
 
 
 #: rank 0 starts a send of one joined message's size and sees it complete while rank 1 has posted no
@@ -117,6 +142,8 @@ def test_under_mpich_a_joined_message_travels_eagerly():
 
     if mpi_implementation(mpiexec()) != MPICH:
         pytest.skip("the settings are MPICH's")
+    if launch.shm_room() < 2 * launch.SHM_BYTES_PER_RANK:
+        pytest.skip("no room in /dev/shm for the eager cells of 2 ranks: MPICH's defaults are kept")
     code = f"from ebsp_mpi.runtime.env import prepare_rank_env; prepare_rank_env()\n{EAGER_CHILD}"
     said = {}
     for case, extra in (("ours", {}), ("mpich's", {"MPIR_CVAR_CH4_SHM_POSIX_IQUEUE_CELL_SIZE": "8192"})):
