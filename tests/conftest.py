@@ -45,7 +45,7 @@ def pytest_xdist_auto_num_workers(config):
 # -- shared memory left by the runs the suite kills ----------------------------------------------------
 #
 # A job whose ranks are killed (the fault tests, MPI_Abort) never finalizes MPI, so the shared-memory file
-# of its node stays in /dev/shm until it is removed: 25 MB for a 5-rank job with the eager cells every rank
+# of its node stays in /dev/shm until it is removed: 11 MB for a 5-rank job with the eager cells every rank
 # sets (runtime.env.MPICH_SHM_VARS), RAM that a tmpfs holds. The suite removes those its own runs left: files
 # that appeared during the session and that no process maps or holds open. (A job starting beside the
 # suite always has its file open or mapped: its first rank creates it open and maps it before closing it.)

@@ -70,22 +70,25 @@ def limit_threads_under_mpi(env=None) -> None:
 #: sender's copy completes its send, and the receiver copies it out at its next poll. MPICH's defaults
 #: (8 KiB cells) send anything from 8 KiB by a single-copy rendezvous instead (CMA), which costs each
 #: message a handshake that waits for the sender's next poll: on 2 cores with 5 ranks that sleep between
-#: polls, the digits MLP's BSP round ran 1.05 - 1.2 times as fast with one-cell messages, in
-#: alternating pairs (docs/performance.md, "Eager messages"). Larger messages keep the single copy.
+#: polls, the digits MLP's BSP round ran 1.06 - 1.15 times as fast with one-cell messages, in
+#: alternating pairs (docs/performance.md, ``train``). Larger messages keep the single copy.
 SHM_EAGER_BYTES = 128 << 10
 #: MPICH's settings behind :data:`SHM_EAGER_BYTES`: cells with room for the message and MPICH's header,
-#: a pack buffer as large (MPICH requires it), the single copy only above the limit, and 32 cells per rank
-#: (a BSP server's burst of a reply and its header to each of 16 workers; beyond that sends wait for a
-#: free cell)
+#: a pack buffer as large (MPICH requires it), the single copy only above the limit, and 8 cells per rank
+#: instead of 64. Messages go through a rank's cells in turn, so the cells' span decides whether the
+#: next one is still in a cache: with 32 such cells (4 MiB a rank) a 4 KiB ping-pong took 12.6 - 13.5 us
+#: one way, with 8 cells 2.7 - 3.7 us (MPICH's defaults: 4 - 5 us). A burst of more messages than cells
+#: (a BSP server's reply and its header to each of more than 4 workers) waits for the receivers to
+#: free cells, which they do as they poll.
 MPICH_SHM_VARS = {
     "MPIR_CVAR_CH4_SHM_POSIX_IQUEUE_CELL_SIZE": str(SHM_EAGER_BYTES + 4096),
-    "MPIR_CVAR_CH4_SHM_POSIX_IQUEUE_NUM_CELLS": "32",
+    "MPIR_CVAR_CH4_SHM_POSIX_IQUEUE_NUM_CELLS": "8",
     "MPIR_CVAR_CH4_PACK_BUFFER_SIZE": str(SHM_EAGER_BYTES + 4096),
     "MPIR_CVAR_CH4_IPC_CMA_P2P_THRESHOLD": str(SHM_EAGER_BYTES + 1),
 }
-#: the node's shared-memory file MPICH creates with them, per rank on the node: 25,982,656 bytes for 5
-#: ranks (against 3,176,128 with MPICH's defaults), rounded up
-SHM_BYTES_PER_RANK = 6 << 20
+#: the node's shared-memory file MPICH creates with them, per rank on the node: 10,861,376 bytes for 5
+#: ranks and 19,547,200 for 9 (against 3,176,128 for 5 with MPICH's defaults), rounded up
+SHM_BYTES_PER_RANK = 3 << 20
 SHM_DIR = "/dev/shm"
 
 
@@ -100,7 +103,7 @@ def prepare_rank_env(env=None) -> None:
         eager_shm_messages(env)
 
 
-def eager_shm_messages(env=None, room: int | None = None):
+def eager_shm_messages(env=None, room: float | None = None):
     """Set :data:`MPICH_SHM_VARS` in `env` (``os.environ`` when None), unless
 
     - any of them is set already: the four only work together (cells too small for the single-copy
@@ -109,7 +112,7 @@ def eager_shm_messages(env=None, room: int | None = None):
     - the node's ranks would need more shared memory than `room` bytes (:func:`shm_room`: half of
       ``/dev/shm``, whose size a container may cap at 64 MiB, and no more than a file may hold under
       ``ulimit -f``). MPICH would then fail to start (``MPIDI_POSIX_comm_bootstrap: Out of memory``);
-      with its defaults it needs about an eighth as much.
+      with its defaults it needs about a third as much.
 
     Every rank of a node decides alike: the launcher gives them the same environment, and the room is
     the size of ``/dev/shm``, not what is free in it (the node's first rank may have created its file
