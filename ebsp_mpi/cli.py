@@ -34,7 +34,9 @@ EXIT_FAILURE = 1
 def main(argv=None) -> int:
     from .runtime.env import prepare_rank_env
 
-    prepare_rank_env()  # as ``python -m ebsp_mpi`` does, for the ``ebsp-mpi`` script run under mpiexec
+    # before NumPy loads its BLAS and before MPI starts (this module imports neither at its top): a
+    # rank's threads and MPICH's shared memory, for ``python -m ebsp_mpi`` and the ``ebsp-mpi`` script
+    prepare_rank_env()
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = _parser(argv[0] if argv else None)
     args = parser.parse_args(argv)

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from ebsp_mpi.runtime.env import prepare_rank_env
+from ebsp_mpi.runtime.env import SHM_DIR, prepare_rank_env, world_size_from_env
 
 prepare_rank_env()
 
@@ -50,7 +50,6 @@ def pytest_xdist_auto_num_workers(config):
 # that appeared during the session and that no process maps or holds open. (A job starting beside the
 # suite always has its file open or mapped: its first rank creates it open and maps it before closing it.)
 
-SHM_DIR = "/dev/shm"
 SHM_PREFIXES = ("mpich_shm_", "sm_segment.")  # MPICH's; Open MPI's shared-memory transport's
 _shm_at_start: set[str] = set()
 
@@ -82,8 +81,6 @@ def _shm_in_use() -> set[str]:
 
 def _owns_the_run(config) -> bool:
     """The one process that sees the whole session end: not an xdist worker, not a rank of an MPI pass."""
-    from ebsp_mpi.runtime.env import world_size_from_env
-
     return not hasattr(config, "workerinput") and world_size_from_env() == 1
 
 
@@ -93,8 +90,17 @@ def pytest_sessionstart(session):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    import time
+
     if not _owns_the_run(session.config) or not os.path.isdir("/proc"):
         return
-    for name in _shm_files() - _shm_at_start - _shm_in_use():
-        with contextlib.suppress(OSError):
-            os.unlink(os.path.join(SHM_DIR, name))
+    # the ranks of a job killed by the last tests may still be dying: give them a few seconds
+    for _ in range(10):
+        left = _shm_files() - _shm_at_start
+        in_use = _shm_in_use() & left
+        for name in left - in_use:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(SHM_DIR, name))
+        if not in_use:
+            return
+        time.sleep(0.5)

@@ -13,7 +13,7 @@ from ebsp_mpi.progress import Progress
 from ebsp_mpi.errors import UsageError
 from ebsp_mpi.runtime import env as launch
 from ebsp_mpi.runtime.env import (BLAS_THREAD_VARS, MPICH, MPICH_SHM_VARS, SHM_EAGER_BYTES, cap_blas_threads,
-                                  find_mpiexec, limit_threads_under_mpi, mpi_implementation, prepare_rank_env,
+                                  find_mpiexec, mpi_implementation, prepare_rank_env,
                                   rank_from_env, world_size_from_env)
 from ebsp_mpi.runtime.protocol import COALESCE_BYTES
 
@@ -55,20 +55,12 @@ def test_world_size_and_rank_from_the_launcher(env, size, rank):
     assert rank_from_env(env) == rank
 
 
-def test_threads_default_to_one_per_rank_only_under_mpi():
-    env = {"PMI_SIZE": "5", "OPENBLAS_NUM_THREADS": "4"}
-    limit_threads_under_mpi(env)
-    assert env["OMP_NUM_THREADS"] == "1" and env["OPENBLAS_NUM_THREADS"] == "4"  # an explicit value wins
-    alone = {}
-    limit_threads_under_mpi(alone)
-    assert alone == {}
-
-
-def test_a_rank_sets_mpich_eager_messages_only_under_mpi_and_only_all_or_none(monkeypatch):
+def test_a_rank_sets_one_thread_and_mpich_eager_messages_only_under_mpi(monkeypatch):
     monkeypatch.setattr(launch, "shm_room", lambda: float("inf"))
-    env = {"PMI_SIZE": "5"}
+    env = {"PMI_SIZE": "5", "OPENBLAS_NUM_THREADS": "4"}
     prepare_rank_env(env)
-    assert env["OMP_NUM_THREADS"] == "1" and all(env[var] == value for var, value in MPICH_SHM_VARS.items())
+    assert env["OMP_NUM_THREADS"] == "1" and env["OPENBLAS_NUM_THREADS"] == "4"  # an explicit value wins
+    assert all(env[var] == value for var, value in MPICH_SHM_VARS.items())
     # a joined message fits one cell, with room for MPICH's header; anything larger takes the single copy
     cell = int(env["MPIR_CVAR_CH4_SHM_POSIX_IQUEUE_CELL_SIZE"])
     assert COALESCE_BYTES == SHM_EAGER_BYTES < cell <= int(env["MPIR_CVAR_CH4_PACK_BUFFER_SIZE"])
@@ -101,11 +93,13 @@ def test_the_ranks_of_a_node_need_room_for_eager_cells_or_keep_mpichs_defaults(e
 def test_the_room_is_half_of_dev_shm_and_no_more_than_ulimit_f(tmp_path, monkeypatch):
     import resource
 
-    stat = os.statvfs(tmp_path)
-    assert launch.shm_room(str(tmp_path)) <= stat.f_blocks * stat.f_frsize / 2
-    assert launch.shm_room(str(tmp_path / "missing")) >= 0
+    stat, unlimited = os.statvfs(tmp_path), (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+    monkeypatch.setattr(resource, "getrlimit", lambda what: unlimited)
+    assert launch.shm_room(str(tmp_path)) == stat.f_blocks * stat.f_frsize / 2
+    assert launch.shm_room(str(tmp_path / "missing")) == float("inf")  # no /dev/shm to read: no limit of its own
     monkeypatch.setattr(resource, "getrlimit", lambda what: (4 << 20, resource.RLIM_INFINITY))
     assert launch.shm_room(str(tmp_path)) == min(4 << 20, stat.f_blocks * stat.f_frsize / 2)
+    assert launch.shm_room(str(tmp_path / "missing")) == 4 << 20
 
 
 #: rank 0 starts a send of one joined message's size and sees it complete while rank 1 has posted no

@@ -265,11 +265,12 @@ def test_a_partial_param_space_holds_only_its_tensors_with_the_whole_models_valu
 def test_a_unit_comes_in_one_piece_from_each_server_that_holds_part_of_it():
     # a Conv2D slice of two runs: W rows [10, 20) and b [40, 42); server 1 holds [0, 15), server 2 the rest
     chunks = [Chunk(0, 10, 9), Chunk(10, 15, 10), Chunk(15, 20, 11), Chunk(20, 40, 12), Chunk(40, 42, 13)]
-    layout = Layout(chunks=chunks, chunk_tensor=[""] * 5, chunk_bytes=80, sfb=[], sfb_bsp=False, hybrid_plan={},
+    parts = tuple((("t", c.size),) for c in chunks)
+    layout = Layout(chunks=chunks, chunk_parts=parts, chunk_bytes=80, sfb=[], sfb_bsp=False, hybrid_plan={},
                     shards=[], owner=[1, 1, 2, 2, 2], unit_chunks=(((1, 0), (2, 5), (4, 10)),))
     assert layout.unit_pieces(0) == [(1, 0, [1]), (2, 5, [2, 4])]
     # two runs of a unit on one server with another's between could not go as one message
-    apart = Layout(chunks=chunks, chunk_tensor=[""] * 5, chunk_bytes=80, sfb=[], sfb_bsp=False, hybrid_plan={},
+    apart = Layout(chunks=chunks, chunk_parts=parts, chunk_bytes=80, sfb=[], sfb_bsp=False, hybrid_plan={},
                    shards=[], owner=[1, 1, 2, 2, 1], unit_chunks=(((1, 0), (2, 5), (4, 10)),))
     with pytest.raises(ValueError, match="two runs of it apart"):
         apart.unit_pieces(0)

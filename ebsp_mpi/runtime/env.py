@@ -55,17 +55,6 @@ def rank_from_env(env=None) -> int:
     return 0
 
 
-def limit_threads_under_mpi(env=None) -> None:
-    """Under MPI, default every BLAS/OpenMP pool to one thread per rank (an explicit setting wins).
-
-    Ranks oversubscribe cores on a laptop (5 ranks on 2 cores), and on a cluster each rank gets its own
-    cores from the scheduler (export OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK there).
-    """
-    env = os.environ if env is None else env
-    if world_size_from_env(env) > 1:
-        cap_blas_threads(env)
-
-
 #: a message of at most this many bytes goes through MPICH's shared memory eagerly, in one cell: the
 #: sender's copy completes its send, and the receiver copies it out at its next poll. MPICH's defaults
 #: (8 KiB cells) send anything from 8 KiB by a single-copy rendezvous instead (CMA), which costs each
@@ -93,13 +82,18 @@ SHM_DIR = "/dev/shm"
 
 
 def prepare_rank_env(env=None) -> None:
-    """Under MPI, before NumPy or MPI starts in this process: one BLAS thread per rank
-    (:func:`limit_threads_under_mpi`) and MPICH's shared memory set for eager messages up to
-    :data:`SHM_EAGER_BYTES` where there is room (:func:`eager_shm_messages`). Every rank of a job must
-    call it, since MPICH requires the same cell size on every rank of a node."""
+    """Under MPI, before NumPy or MPI starts in this process (`env`: ``os.environ`` when None):
+
+    - every BLAS/OpenMP pool defaults to one thread (:func:`cap_blas_threads`; an explicit setting
+      wins). Ranks oversubscribe cores on a laptop (5 ranks on 2 cores), and on a cluster each rank
+      gets its own cores from the scheduler (export OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK there);
+    - MPICH's shared memory carries messages up to :data:`SHM_EAGER_BYTES` eagerly where there is room
+      (:func:`eager_shm_messages`). Every rank of a job must call this, since MPICH requires the same
+      cell size on every rank of a node.
+    """
     env = os.environ if env is None else env
-    limit_threads_under_mpi(env)
     if world_size_from_env(env) > 1:
+        cap_blas_threads(env)
         eager_shm_messages(env)
 
 

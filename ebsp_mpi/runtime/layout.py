@@ -10,6 +10,7 @@ unit's gradient goes as whole messages of its own.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 
@@ -29,8 +30,9 @@ class Layout:
     ----------
     chunks : list of Chunk
         The messages of a push (and of a reply), in buffer order.
-    chunk_tensor : list of str
-        The tensor of each chunk (the first, of a chunk that joins small tensors).
+    chunk_parts : tuple of tuple of (str, int)
+        Per chunk, ``(tensor, elements)`` of each tensor it holds part of, in buffer order: one tensor,
+        or several for a chunk that joins small ones (:meth:`parts`, :attr:`chunk_tensor`).
     chunk_bytes : int
         The largest message, in bytes.
     sfb : list of SFBLayer
@@ -51,12 +53,10 @@ class Layout:
     unit_chunks : list of list of (int, int)
         Per unit of the schedule: its chunks, each with its element offset within the unit, in unit
         order (:meth:`unit_pieces` groups them by server).
-    chunk_parts : tuple of tuple of (str, int)
-        Per chunk, ``(tensor, elements)`` of each tensor in it (:meth:`parts`; empty: one each).
     """
 
     chunks: list[Chunk]
-    chunk_tensor: list[str]
+    chunk_parts: tuple[tuple[tuple[str, int], ...], ...]
     chunk_bytes: int
     sfb: list[SFBLayer]
     sfb_bsp: bool
@@ -66,11 +66,15 @@ class Layout:
     schedule: Schedule | None = None
     fetched: tuple[bool, ...] = ()
     unit_chunks: tuple[tuple[tuple[int, int], ...], ...] = ()
-    chunk_parts: tuple[tuple[tuple[str, int], ...], ...] = ()
 
     def parts(self, k: int) -> tuple[tuple[str, int], ...]:
         """``(tensor, elements)`` of each tensor chunk `k` holds: what the byte counters charge."""
-        return self.chunk_parts[k] if self.chunk_parts else ((self.chunk_tensor[k], self.chunks[k].size),)
+        return self.chunk_parts[k]
+
+    @functools.cached_property
+    def chunk_tensor(self) -> list[str]:
+        """The tensor each chunk starts in (the first of a chunk that joins small tensors)."""
+        return [parts[0][0] for parts in self.chunk_parts]
 
     def server_of_layer(self, layer: SFBLayer) -> int:
         """The server that owns an SFB layer's weight tensor (all its chunks are on one server)."""
@@ -132,19 +136,17 @@ def make_layout(ctx, job, model, plan=build.FROM_JOB) -> Layout:
     if schedule is None and ctx.servers == 1:  # several servers each own whole tensors; OSDP, its units
         chunks = _coalesced(chunks, space, {a.name for a in sfb}, min(chunk_bytes, COALESCE_BYTES))
     chunk_parts = parts_of_chunks(space, chunks)
-    chunk_tensor = [parts[0][0] for parts in chunk_parts]  # the tensor a chunk starts in
     # an SFB layer's factors rebuild its whole weight tensor on one rank: keep its chunks together
-    together = [[k for k, t in enumerate(chunk_tensor) if t == a.name] for a in sfb]
+    together = [[k for k, parts in enumerate(chunk_parts) if parts[0][0] == a.name] for a in sfb]
     try:
         shards = plan_shards(chunks, ctx.servers, together)
     except ValueError as e:
         from ..errors import UsageError
 
         raise UsageError(str(e)) from None
-    return Layout(chunks=chunks, chunk_tensor=chunk_tensor, chunk_bytes=chunk_bytes, sfb=sfb,
+    return Layout(chunks=chunks, chunk_parts=chunk_parts, chunk_bytes=chunk_bytes, sfb=sfb,
                   sfb_bsp=bool(sfb) and job.sync.model == "bsp", hybrid_plan=plan, shards=shards,
-                  owner=owner_of_chunks(shards), schedule=schedule, chunk_parts=chunk_parts,
-                  **_units_in_chunks(schedule, chunks))
+                  owner=owner_of_chunks(shards), schedule=schedule, **_units_in_chunks(schedule, chunks))
 
 
 def _coalesced(chunks: list[Chunk], space, sfb: set[str], limit_bytes: int) -> list[Chunk]:

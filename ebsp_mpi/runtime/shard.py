@@ -83,10 +83,10 @@ class ShardStore:
         self.opt = build.optimizer(job, params.size)
         self.lr_at = build.schedule(job)
         self.chunks = layout.chunks[shard.first:shard.stop]
-        self.chunk_tensor, self.layout = layout.chunk_tensor, layout
+        self.layout = layout
         self.sfb = [a for a in layout.sfb if layout.server_of_layer(a) == server]
         sfb_names = {a.name for a in self.sfb}
-        self.pushed_chunks = [c for c in self.chunks if self.chunk_tensor[c.tag - CHUNK_TAG0] not in sfb_names]
+        self.pushed_chunks = [c for c in self.chunks if layout.chunk_tensor[c.tag - CHUNK_TAG0] not in sfb_names]
         # no reply carries an OSDP on-demand unit (a worker fetches it when it computes with it)
         self.fetched = fetched = {k for k, f in enumerate(layout.fetched) if f}
         self.first_chunks = [c for c in self.chunks if c.tag - CHUNK_TAG0 not in fetched]

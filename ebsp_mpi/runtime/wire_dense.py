@@ -96,7 +96,7 @@ class DenseWire:
     def __init__(self, ctx, layout, buffers: WireBuffers, bytes, check: FiniteCheck, sfb_chunk: np.ndarray):
         comm, chunks, owner = ctx.comm, layout.chunks, layout.owner
         self.buf, self.bytes, self.check = buffers, bytes, check
-        self.chunks, self.chunk_tensor = chunks, layout.chunk_tensor
+        self.chunks = chunks
         space = buffers.space
         # where each chunk lies in this worker's buffers (None: an on-demand unit's, never held there)
         self.local = [_local_slice(space, layout.chunk_tensor[k], c) for k, c in enumerate(chunks)]
