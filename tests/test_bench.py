@@ -318,7 +318,7 @@ def test_train_runs_mpi_and_the_single_process_trainer_on_the_same_job(tmp_path)
     assert [r["case"] for r in records] == ["small, BSP, 2 workers / single process",
                                             "small, ASP, 2 workers / single process"]
     assert all(r["unit"] == "samples/s" for r in records)
-    assert "PyTorch DDP left out: --no-ddp" in out
+    assert "PyTorch left out: --no-ddp" in out
 
 
 def test_train_refuses_an_unknown_size_in_one_line():
@@ -330,6 +330,56 @@ def test_train_refuses_an_unknown_size_in_one_line():
 def test_the_ddp_peer_trains_the_same_mlp():
     pytest.importorskip("torch")
     p = subprocess.run([sys.executable, "-m", "ebsp_mpi.bench.ddp", "--workers", "2", "--set", "stop.iterations=100",
+                        "--set", "stop.epochs=0"], capture_output=True, text=True, timeout=170, env=child_env())
+    assert p.returncode == 0, p.stderr
+    result = json.loads(p.stdout.strip().splitlines()[-1])
+    assert result["samples_per_second"] > 0 and result["test_accuracy"] > 0.5  # it learned: not chance (0.1)
+
+
+def test_train_on_the_gpu_runs_ours_on_cupy_against_the_same_cnn(tmp_path):
+    """``--device cuda`` on the fake device: every run of ours computes on CuPy (the fake counts device
+    arrays per process), the cnn size trains from its temporary image file, and PyTorch is left out
+    in one line where it sees no GPU (or does not import)."""
+    import fakecupy
+
+    report_dir = tmp_path / "fakecupy"
+    report_dir.mkdir()
+    out = tmp_path / "train.json"
+    p = subprocess.run([sys.executable, "-m", "ebsp_mpi", "bench", "train", "--json", str(out), "--device", "cuda",
+                        "--sizes", "cnn", "--models", "bsp", "--workers", "1", "--reps", "1",
+                        "--set", "stop.iterations=3"], capture_output=True, text=True, timeout=170,
+                       env={**child_env(), **fakecupy.child_env(devices=1, report=report_dir)})
+    assert p.returncode == 0, p.stdout + p.stderr
+    records = json.loads(out.read_text())
+    check_records(records, "train")
+    assert [r["case"] for r in records] == ["cnn, BSP, 1 workers (cuda) / single process"]
+    assert "PyTorch left out: " in p.stdout
+    counters = [json.loads(f.read_text()) for f in report_dir.glob("*.json")]
+    on_device = [c for c in counters if c["devices_used"]]
+    assert len(on_device) >= 2, counters  # the MPI run's worker and the single-process trainer
+
+
+def test_the_torch_peer_builds_our_networks_layer_for_layer():
+    torch = pytest.importorskip("torch")
+    from ebsp_mpi import build
+    from ebsp_mpi.bench.torch_peer import torch_model
+    from ebsp_mpi.config import load_job
+
+    for overrides in (["model.hidden=[32,16]"], ["model.kind=cnn", "model.channels=[4,8,6]", "model.hidden=[12]"]):
+        job = load_job(None, overrides)
+        ds = build.dataset(job)
+        ours = build.model(job, ds)
+        theirs = torch_model(job, ds)
+        shapes = [tuple(t.shape) for t in theirs.parameters()]
+        assert sum(map(math.prod, shapes)) == ours.space.size
+        with torch.no_grad():
+            logits = theirs(torch.from_numpy(ds.x_test[:5]))
+        assert tuple(logits.shape) == (5, ds.num_classes)
+
+
+def test_the_torch_peer_trains_on_its_device():
+    pytest.importorskip("torch")
+    p = subprocess.run([sys.executable, "-m", "ebsp_mpi.bench.torch_peer", "--set", "stop.iterations=100",
                         "--set", "stop.epochs=0"], capture_output=True, text=True, timeout=170, env=child_env())
     assert p.returncode == 0, p.stderr
     result = json.loads(p.stdout.strip().splitlines()[-1])

@@ -1,11 +1,12 @@
 """The peer of ``bench train``: the same job trained with PyTorch DistributedDataParallel (gloo, CPU).
 
-``python -m ebsp_mpi.bench.ddp --workers N [--set KEY=VALUE ...]`` trains the job's MLP (same layer
-widths, momentum SGD at the job's learning rate and weight decay) on the same dataset, each of the N
-processes drawing worker w's minibatches from ``build.batch_stream`` as MPI worker w would, for
-``stop.iterations`` steps, and prints one JSON line: ``{"samples_per_second": ..., "wall_seconds":
-..., "test_accuracy": ...}``. The clock runs as it does in a run's ``summary.json``: from the moment
-every process has built its model (after a barrier) to the end of the last step (after a barrier).
+``python -m ebsp_mpi.bench.ddp --workers N [--set KEY=VALUE ...]`` trains the job's network
+(``bench/torch_peer.py``: the same layers, momentum SGD at the job's learning rate and weight decay)
+on the same dataset, each of the N processes drawing worker w's minibatches from
+``build.batch_stream`` as MPI worker w would, for ``stop.iterations`` steps, and prints one JSON
+line: ``{"samples_per_second": ..., "wall_seconds": ..., "test_accuracy": ...}``. The clock runs as
+it does in a run's ``summary.json``: from the moment every process has built its model (after a
+barrier) to the end of the last step (after a barrier).
 
 DDP is BSP by construction (an allreduce of the gradients in every backward pass), so it is the
 peer of the BSP rows; the ASP rows show it too, as the synchronous figure a user would otherwise get.
@@ -16,9 +17,7 @@ every rank of an MPI run has.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
-import math
 import os
 import tempfile
 import time
@@ -31,24 +30,17 @@ def _train(rank: int, workers: int, overrides: list[str], rendezvous: str, resul
 
     from .. import build
     from ..config import load_job
+    from .torch_peer import accuracy, optimizer, torch_model
 
     torch.set_num_threads(1)
     job = load_job(None, overrides)
-    if job.model.kind != "mlp":
-        raise SystemExit(f"bench train's DDP peer builds MLPs only, not model.kind = {job.model.kind!r}")
     if not job.stop.iterations:
         raise SystemExit("bench train's DDP peer needs stop.iterations > 0")
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=workers)
     ds = build.dataset(job)
     torch.manual_seed(job.seed)
-    widths = [math.prod(ds.input_shape)] + list(job.model.hidden)
-    layers: list[nn.Module] = [nn.Flatten()]
-    for a, b in itertools.pairwise(widths):
-        layers += [nn.Linear(a, b), nn.ReLU()]
-    layers.append(nn.Linear(widths[-1], ds.num_classes))
-    model = nn.parallel.DistributedDataParallel(nn.Sequential(*layers))
-    opt = torch.optim.SGD(model.parameters(), lr=job.optim.lr, momentum=job.optim.momentum,
-                          weight_decay=job.optim.weight_decay)
+    model = nn.parallel.DistributedDataParallel(torch_model(job, ds))
+    opt = optimizer(job, model.module)
     loss_fn = nn.CrossEntropyLoss()
     x_train, y_train = torch.from_numpy(ds.x_train), torch.from_numpy(ds.y_train)
     stream = build.batch_stream(job, ds, rank, workers)
@@ -62,13 +54,10 @@ def _train(rank: int, workers: int, overrides: list[str], rendezvous: str, resul
     dist.barrier()
     wall = time.perf_counter() - t0
     if rank == 0:
-        with torch.no_grad():
-            logits = model.module(torch.from_numpy(ds.x_test))
-            accuracy = float((logits.argmax(1) == torch.from_numpy(ds.y_test)).float().mean())
         samples = workers * job.stop.iterations * job.data.batch_size
         with open(result, "w") as f:
             json.dump({"samples_per_second": samples / wall, "wall_seconds": wall,
-                       "test_accuracy": accuracy}, f)
+                       "test_accuracy": accuracy(model.module, ds, "cpu")}, f)
     dist.destroy_process_group()
 
 
