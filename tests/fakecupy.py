@@ -67,6 +67,7 @@ def reset() -> State:
     """Forget every count (the current device goes back to 0)."""
     global state
     state = State()
+    _POOL.limit = 0
     return state
 
 
@@ -274,7 +275,9 @@ class _MemoryPool:
     allocation: the pool gives nothing back to the device while a run lasts, so its total only grows,
     until :meth:`free_all_blocks` drops the cached blocks. The fake reuses cached blocks without
     fragmentation, so its total is the most its arrays ever held at once since then (CuPy's is at
-    least that).
+    least that). With a limit (:meth:`set_limit`), a block that would take the total past it first
+    drops the cached blocks, as CuPy's pool does, and raises :class:`OutOfMemoryError` when the arrays
+    alone would pass it. Memory hooks (:class:`MemoryHook`, entered) hear of every new block.
     """
 
     ROUND = 512
@@ -282,6 +285,7 @@ class _MemoryPool:
     def __init__(self):
         self.used = 0  # bytes of the blocks arrays hold
         self.total = 0  # those and the cached ones
+        self.limit = 0  # 0: none
         self._blocks: dict[int, weakref.finalize] = {}  # id of the array owning a block -> its release
 
     def hold(self, a: np.ndarray) -> None:
@@ -292,11 +296,18 @@ class _MemoryPool:
         if not isinstance(owner, np.ndarray) or id(owner) in self._blocks or owner.nbytes == 0:
             return  # memory the fake did not allocate (a buffer object's), already counted, or none
         size = -(-owner.nbytes // self.ROUND) * self.ROUND
+        if self.limit and max(self.total, self.used + size) > self.limit:
+            self.free_all_blocks()
+            if self.used + size > self.limit:
+                raise OutOfMemoryError(f"Out of memory allocating {size} bytes (limit {self.limit}: the pool's "
+                                       f"arrays hold {self.used})")
         self.used += size
         self.total = max(self.total, self.used)
         release = weakref.finalize(owner, self._release, id(owner), size)
         release.atexit = False
         self._blocks[id(owner)] = release
+        for hook in _HOOKS:
+            hook.malloc_postprocess(device_id=state.device, size=owner.nbytes, mem_size=size)
 
     def _release(self, key: int, size: int) -> None:
         del self._blocks[key]
@@ -311,6 +322,35 @@ class _MemoryPool:
     def free_all_blocks(self) -> None:
         self.total = self.used
 
+    def set_limit(self, size: int = 0) -> None:
+        self.limit = int(size)
+
+    def get_limit(self) -> int:
+        return self.limit
+
+
+class OutOfMemoryError(MemoryError):  # cupy.cuda.memory.OutOfMemoryError
+    pass
+
+
+_HOOKS: list = []
+
+
+class MemoryHook:
+    """cupy.cuda.MemoryHook: entered, its ``malloc_postprocess`` hears of every new block."""
+
+    name = "MemoryHook"
+
+    def __enter__(self):
+        _HOOKS.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _HOOKS.remove(self)
+
+    def malloc_postprocess(self, **kwargs):
+        pass
+
 
 _POOL = _MemoryPool()
 
@@ -320,7 +360,8 @@ def get_default_memory_pool() -> _MemoryPool:
 
 
 cuda = types.SimpleNamespace(
-    Device=_Device, Stream=_Stream, get_current_stream=lambda: _Stream(),
+    Device=_Device, Stream=_Stream, get_current_stream=lambda: _Stream(), MemoryHook=MemoryHook,
+    memory=types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError),
     runtime=types.SimpleNamespace(getDeviceCount=device_count, getDeviceProperties=_properties,
                                   deviceSynchronize=lambda: _Stream().synchronize()))
 

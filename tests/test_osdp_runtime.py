@@ -30,7 +30,7 @@ from ebsp_mpi.plan.osdp import Block, CostModel, memory
 from ebsp_mpi.plan.osdp_files import PLAN_FORMAT, SHAPE_KEYS, VERSION, OsdpFileError, model_layers
 from ebsp_mpi.plan.osdp_schedule import make_schedule, on_demand_tensors
 from ebsp_mpi.runtime.layout import Layout, _cut
-from ebsp_mpi.runtime.peak import IterationTimes
+from ebsp_mpi.runtime.peak import IterationTimes, pool_bound
 from ebsp_mpi.runtime.protocol import Chunk
 from cliutil import one_line_error
 from mpirun import max_abs_difference, oracle_run, signal_rank_mid_run, train
@@ -409,6 +409,8 @@ def test_bsp_with_on_demand_layers_on_the_fake_device_equals_the_oracle(wire, or
     import fakecupy
 
     plan = digits_plan(tmp_path, (2, 1, 3), True)
+    held = held_bytes(plan)
+    predict(plan, held + (1 << 20))  # the pool's bound: 1.15 times that
     p = train(4, tmp_path / "gpu", "backend=cupy", f"osdp.plan={plan}", wire, *ORACLE, timeout=180,
               extra_env=fakecupy.child_env(devices=2))
     assert p.returncode == 0, p.stderr
@@ -416,9 +418,42 @@ def test_bsp_with_on_demand_layers_on_the_fake_device_equals_the_oracle(wire, or
     s = json.loads((tmp_path / "gpu" / "summary.json").read_text())
     assert "cupy:" in json.dumps(s)
     # the device memory pool's peak (the fake's counts its arrays): as on NumPy, what the worker holds
-    # for the whole run and, well under 1 MiB, its steps' activations and the batches on the device
-    peaks, held = s["osdp"]["measured"]["peak_bytes"], held_bytes(plan)
+    # for the whole run and, well under 1 MiB, its steps' activations and the batches on the device;
+    # the memory hook's peak of the arrays alone is no more than the pool's
+    measured = s["osdp"]["measured"]
+    peaks, lives = measured["peak_bytes"], measured["live_peak_bytes"]
     assert len(peaks) == 3 and all(held <= peak <= held + (1 << 20) for peak in peaks), (peaks, held)
+    assert all(held <= live <= peak for live, peak in zip(lives, peaks, strict=True)), (lives, peaks)
+
+
+def predict(plan: Path, peak_bytes: int) -> None:
+    """Write a predicted peak into the plan file (the tests' plans predict nothing)."""
+    doc = json.loads(plan.read_text())
+    doc["predicted"] = {"peak_bytes": peak_bytes}
+    plan.write_text(json.dumps(doc))
+
+
+def test_pool_bound_is_the_prediction_and_headroom_never_above_the_limit():
+    assert pool_bound(None, None) is None
+    assert pool_bound(1000, None) == 1150
+    assert pool_bound(1000, 1100) == 1100
+    assert pool_bound(None, 4096) == 4096
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_on_the_device_arrays_past_the_plans_bound_stop_the_run_in_one_line(tmp_path):
+    """A plan that predicts less than the worker's arrays need: the pool's bound stops the run at the
+    first allocation past it, in one line naming OSDP and both figures, instead of overrunning."""
+    import fakecupy
+
+    plan = digits_plan(tmp_path, (2, 1, 3), True)
+    predict(plan, held_bytes(plan) // 2)
+    p = train(3, tmp_path / "gpu", "backend=cupy", f"osdp.plan={plan}", *ORACLE, timeout=150,
+              extra_env=fakecupy.child_env(devices=1))
+    assert p.returncode != 0
+    assert "OSDP: this worker's arrays need more device memory than its plan allows" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr
 
 
 # -- long runs and silent servers ------------------------------------------------------------------------

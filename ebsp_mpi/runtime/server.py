@@ -338,7 +338,8 @@ class Server:
             return None
         return {"plan": plan.path, "ranks_share_cores": self.ctx.any_oversubscribed, "predicted": plan.predicted,
                 "measured": {key: [s["osdp"][key] for s in stats]
-                             for key in ("peak_bytes", "iteration_s", "transfer_wait_s", "transfer_messages")}}
+                             for key in ("peak_bytes", "live_peak_bytes", "iteration_s", "transfer_wait_s",
+                                     "transfer_messages")}}
 
     def _finish(self) -> dict:
         wall, version = self.ctx.now(), self.coordinator.version

@@ -69,7 +69,14 @@ class Worker:
         self.backend = resolve_backend(job.backend, local_rank=ctx.local_rank)
         self.ds = description.dataset
         # from here on, what the worker allocates counts towards the peak a plan predicts
-        self.peak = PeakMemory(self.backend) if description.plan is not None else None
+        plan = description.plan
+        self.peak = None if plan is None else PeakMemory(self.backend, plan.predicted["peak_bytes"],
+                                                         plan.doc.get("memory_limit_bytes"))
+        with self._bounded():
+            self._set_up(ctx, job, description, start_iteration)
+
+    def _set_up(self, ctx: Context, job, description, start_iteration: int) -> None:
+        """The model, its data, wire and trace (the allocations a plan's bound holds to, with the run's)."""
         self.model = description.model(xp=self.backend.xp, on_demand=True)
         self.stream = description.batch_stream(self.index)
         self.stream.seek(start_iteration)  # batches and jitter follow from the iteration: nothing else to restore
@@ -82,7 +89,7 @@ class Worker:
         # the server's keep-alive while it holds our pull (its content is never read)
         self.alive_buf = np.zeros(1)
         self.keepalive = ctx.comm.Recv_init([self.alive_buf, MPI.DOUBLE], 0, ALIVE_TAG)
-        self.trace = open_rank_trace(ctx, job, run_dir, role="worker", backend=self.backend.name,
+        self.trace = open_rank_trace(ctx, job, self.run_dir, role="worker", backend=self.backend.name,
                                      device=self.backend.describe(), append=start_iteration > 0)
         if start_iteration > 0:  # the iterations after the checkpoint are done again
             self.trace.truncate("iterations", "iteration", start_iteration - 1)
@@ -123,6 +130,10 @@ class Worker:
         self.gradient = self.ondemand if self.ondemand is not None else model
 
     def run(self) -> dict:
+        with self._bounded():
+            return self._run()
+
+    def _run(self) -> dict:
         backoff = self.ctx.backoff()
         self.keepalive.Start()
         server = Silence(self.job.runtime.stall_timeout_s, "the server (rank 0)", self.keepalive)
@@ -223,9 +234,14 @@ class Worker:
                  "injected_delay_seconds": totals.delay, "backend": self.backend.describe(),
                  "bytes": self.bytes.as_dict()}
         if self.peak is not None:  # OSDP: what the plan predicted, measured
-            stats["osdp"] = measured(self.peak.stop(), self.times, self.ondemand, self.iteration)
+            stats["osdp"] = measured(self.peak, self.times, self.ondemand, self.iteration)
         wait_all([self.ctx.comm.isend(stats, dest=0, tag=STATS_TAG)], backoff)  # for the server's summary
         return stats
+
+    def _bounded(self):
+        """A block where an OSDP plan's bound on the device memory pool, reached, is one line
+        (``PeakMemory.bounded``)."""
+        return self.peak.bounded() if self.peak is not None else _NOTHING
 
     def _untraced(self):
         """A block whose passing allocations the measured peak leaves out (``PeakMemory.excluded``)."""
