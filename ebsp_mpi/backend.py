@@ -55,6 +55,14 @@ class Backend:
             return self.xp.asnumpy(a)
         return np.asarray(a)
 
+    def copy_to_device(self, dst, host) -> None:
+        """Host array -> the existing (C-contiguous) array `dst` of this backend, in place: on CuPy one
+        host-to-device copy with no device temporary (``asarray`` would make one of `dst`'s size)."""
+        if self.name == "cupy":
+            dst.set(host)
+        else:
+            dst[...] = host
+
     def synchronize(self) -> None:
         """Wait for queued device work (before timing, or before MPI reads a device buffer)."""
         if self.name == "cupy":

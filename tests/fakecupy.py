@@ -103,6 +103,14 @@ class ndarray(np.ndarray):  # CuPy's name
     def get(self, stream=None, out=None):
         return asnumpy(self, stream=stream, out=out)
 
+    def set(self, arr, stream=None):
+        """Host -> this device array in place, as CuPy's (which refuses a non-contiguous target)."""
+        if not self.flags.c_contiguous or arr.shape != self.shape:
+            raise RuntimeError("fakecupy: set needs a C-contiguous target of the host array's shape")
+        _count_h2d(np.asarray(arr))
+        _launch()
+        np.copyto(self.view(np.ndarray), arr)
+
     def __setitem__(self, key, value):
         if isinstance(value, np.ndarray) and not isinstance(value, ndarray) and value.ndim:
             _count_h2d(value)  # CuPy accepts a host array here and copies it to the device

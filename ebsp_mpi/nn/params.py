@@ -190,7 +190,11 @@ class ParamSpace:
             if self.holds(v.name):
                 start = self._local[v.name]
                 host[start:start + v.size] = values.ravel()
-        self.data[...] = self.xp.asarray(host.astype(self.dtype))
+        host = host.astype(self.dtype)
+        if hasattr(self.data, "set"):  # a CuPy array: copied in place, with no device temporary
+            self.data.set(host)
+        else:
+            self.data[...] = host
 
     def zero_grad(self) -> None:
         """Set the whole gradient buffer to zero."""

@@ -101,7 +101,7 @@ class Fetcher(Transport):
         self._wait(self.asks[i], self.ranks["fetch", i], len(self.asks[i]))  # the requests and the replies
         a, b = self._place(i)
         if self.staged:
-            self.buffer[a:b] = self.backend.asarray(self.host[a:b])
+            self.backend.copy_to_device(self.buffer[a:b], self.host[a:b])
         self.bytes.received(self.names[self.sched.items[i].unit], FETCH, (b - a) * self.host.itemsize)
 
     def push(self, i: int) -> None:

@@ -133,4 +133,4 @@ class FactorWire:
             else:  # CUDA-aware MPI: the weights are on the device, the optimizer and its velocity on the host
                 weights = backend.to_host(params[a.params])
                 self.opt.step(weights, grad, lr, offset=a.offset)
-                params[a.params] = backend.asarray(weights)
+                backend.copy_to_device(params[a.params], weights)

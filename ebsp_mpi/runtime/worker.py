@@ -182,7 +182,7 @@ class Worker:
                 self.trace.flush()
                 self.flushed = 1.0
         if self.buffers.staged and not stop:
-            self.model.space.data[...] = self.backend.asarray(self.buffers.params)
+            self.backend.copy_to_device(self.model.space.data, self.buffers.params)
         return stop
 
     def _compute(self, t_start: float) -> tuple[float, float, float]:
@@ -234,7 +234,8 @@ class Worker:
                  "injected_delay_seconds": totals.delay, "backend": self.backend.describe(),
                  "bytes": self.bytes.as_dict()}
         if self.peak is not None:  # OSDP: what the plan predicted, measured
-            stats["osdp"] = measured(self.peak, self.times, self.ondemand, self.iteration)
+            peak_bytes = self.peak.stop()  # before the medians, whose first call imports NumPy code
+            stats["osdp"] = measured(peak_bytes, self.peak.live_peak, self.times, self.ondemand, self.iteration)
         wait_all([self.ctx.comm.isend(stats, dest=0, tag=STATS_TAG)], backoff)  # for the server's summary
         return stats
 

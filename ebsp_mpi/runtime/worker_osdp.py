@@ -42,12 +42,13 @@ class OnDemandLayers:
         return [self.fetcher.buffer, self.step.temp]
 
 
-def measured(peak, times, ondemand: OnDemandLayers | None, iterations: int) -> dict:
-    """What the worker measured of the plan, for the summary beside its prediction: the peak (a
-    ``runtime.peak.PeakMemory``, stopped here; on CuPy also the most its arrays held at once, else
-    None), and the medians over the iterations, start to start, the first (warm-up) left out (a stall
-    of the server, an evaluation slice of a large model takes some 0.1 s, moves neither)."""
+def measured(peak_bytes: int, live_peak_bytes: int | None, times, ondemand: OnDemandLayers | None,
+             iterations: int) -> dict:
+    """What the worker measured of the plan, for the summary beside its prediction: the peak (on CuPy
+    also the most its arrays held at once, else None), and the medians over the iterations, start to
+    start, the first (warm-up) left out (a stall of the server, an evaluation slice of a large model
+    takes some 0.1 s, moves neither)."""
     iteration_s, transfer_wait_s = times.medians()
     messages = ondemand.fetcher.messages / max(iterations, 1) if ondemand is not None else 0.0
-    return {"peak_bytes": peak.stop(), "live_peak_bytes": peak.live_peak, "iteration_s": iteration_s,
+    return {"peak_bytes": peak_bytes, "live_peak_bytes": live_peak_bytes, "iteration_s": iteration_s,
             "transfer_wait_s": transfer_wait_s, "transfer_messages": messages}
