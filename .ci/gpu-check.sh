@@ -3,7 +3,8 @@
 # MPI where the library has it, and the layers against PyTorch. Run from anywhere:
 #
 #   OUT=/tmp/gpu-check .ci/gpu-check.sh            # every step
-#   STEPS="preflight tests" .ci/gpu-check.sh      # some of: preflight install tests train oracle cuda-aware bench ps osdp
+#   STEPS="preflight tests" .ci/gpu-check.sh      # some of: preflight install tests train oracle cuda-aware bench
+#                                                 #          bench-train ps osdp
 #
 # Steps (each one's output in $OUT/<step>.log; one line per step in $OUT/summary.txt: ok, FAIL or skip):
 #   preflight   nvidia-smi, the interpreter, and which of numpy, mpi4py, cupy, torch import (versions)
@@ -15,8 +16,14 @@
 #               buffers; then BSP with four workers on the one GPU (mpiexec -n 5)
 #   oracle      BSP on CuPy against the single-process NumPy oracle: the models' largest difference
 #   cuda-aware  a CuPy array sent between two ranks; if it arrives intact, BSP with
-#               runtime.cuda_aware_mpi=true, wait-free backprop on and off (else: skip, and why)
-#   bench       python -m ebsp_mpi bench nn --device cuda: CuPy layers against PyTorch on the same GPU
+#               runtime.cuda_aware_mpi=true, wait-free backprop on and off (else: skip, and why). Then the
+#               same with Intel MPI where .whl/impi-min.tgz is (.ci/impi-bundle.sh; I_MPI_OFFLOAD=1):
+#               the probe, and BSP on CuPy with cuda_aware_mpi=true (wait-free backprop off and on) and
+#               staged, each against the NumPy oracle, their samples/s side by side
+#   bench       python -m ebsp_mpi bench nn --device cuda, BENCH_RUNS times (default 2): CuPy layers against
+#               PyTorch on the same GPU
+#   bench-train python -m ebsp_mpi bench train --device cuda: BSP training runs on CuPy (the large MLP and the
+#               CNN; TRAIN_WORKERS, default "1 4", share the GPU) against PyTorch's own loop on the GPU
 #   ps          bench ps --servers 1,2,4 under mpiexec -n PS_RANKS (default 9): the push + pull round
 #               trip through 1, 2 and 4 server ranks against raw MPI (CPU ranks; needs the cores)
 #   osdp        OSDP's predicted against measured peak memory and iteration time (jobs/osdp/measure.sh,
@@ -47,7 +54,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
 OUT=${OUT:-$PWD/gpu-check-out}
-STEPS=${STEPS:-preflight install tests train oracle cuda-aware bench osdp}
+STEPS=${STEPS:-preflight install tests train oracle cuda-aware bench bench-train osdp}
 ITERATIONS=${ITERATIONS:-200}
 STEP_TIMEOUT=${STEP_TIMEOUT:-540}
 mkdir -p "$OUT"
@@ -210,14 +217,77 @@ EOF
   else
     record cuda-aware-probe skip $((SECONDS - t0)) "this MPI is not CUDA-aware (see cuda-aware-probe.log)"
   fi
+  if [[ -f .whl/impi-min.tgz ]]; then  # Intel MPI's GPU buffers: a CUDA-aware MPI from PyPI
+    rm -rf /tmp/impi && tar xzf .whl/impi-min.tgz -C /tmp
+    # Intel MPI opens libcuda.so, which a container may have only as libcuda.so.1: the driver CUDA loaded
+    cudalib=$("$PYTHON" -c "import cupy; cupy.cuda.runtime.getDeviceCount()
+print(next((l.split()[-1] for l in open('/proc/self/maps') if 'libcuda.so' in l), ''))" 2>/dev/null)
+    # IMPI_OFFLOAD=0 rehearses the steps on the fake device (tests/fakecupy.py), where no driver is
+    impi=(env I_MPI_ROOT=/tmp/impi LD_LIBRARY_PATH=/tmp/impi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+          FI_PROVIDER_PATH=/tmp/impi/lib/libfabric MPI4PY_LIBMPI=/tmp/impi/lib/libmpi.so.12
+          I_MPI_OFFLOAD="${IMPI_OFFLOAD:-1}" I_MPI_OFFLOAD_MODE=cuda ${cudalib:+I_MPI_OFFLOAD_CUDA_LIBRARY=$cudalib}
+          I_MPI_FABRICS=shm /tmp/impi/bin/mpiexec)
+    echo "Intel MPI: libcuda at ${cudalib:-(not found)}" >"$OUT/impi-env.log"
+    t0=$SECONDS
+    if timeout 120 "${impi[@]}" -n 2 "$PYTHON" "$probe" >"$OUT/impi-probe.log" 2>&1; then
+      record impi-probe ok $((SECONDS - t0)) "Intel MPI: $(tail -n 1 "$OUT/impi-probe.log")"
+      ca=(-q --set backend=cupy --set sync.model=bsp --set stop.iterations=40 --set stop.epochs=0
+          --set optim.momentum=0.9 --set straggler.enabled=false)
+      [[ -f $OUT/runs/oracle-numpy/summary.json ]] || run oracle-numpy "$PYTHON" -m ebsp_mpi train -q \
+        --out "$OUT/runs/oracle-numpy" --set backend=numpy --set sync.workers=2 "${ca[@]:3}"
+      for wire in "cuda_aware_mpi=true wait_free_backprop=false" "cuda_aware_mpi=true wait_free_backprop=true" \
+                  "cuda_aware_mpi=false wait_free_backprop=false"; do
+        name=impi-$(echo "$wire" | tr ' =' '--' | sed 's/cuda_aware_mpi/ca/; s/wait_free_backprop/wfbp/')
+        read -r a b <<<"$wire"
+        run "$name" "${impi[@]}" -n 3 "$PYTHON" -m ebsp_mpi train --out "$OUT/runs/$name" "${ca[@]}" \
+          --set "runtime.$a" --set "runtime.$b"
+        run "$name-oracle" env PYTHONPATH="$PWD/tests${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -c '
+import json, sys
+from pathlib import Path
+
+from mpirun import max_abs_difference
+
+diff = max_abs_difference(Path(sys.argv[1]), Path(sys.argv[2]))
+s = json.loads(Path(sys.argv[2], "summary.json").read_text())
+rate, wall = s["samples_per_second"], s["wall_seconds"]
+print(f"{Path(sys.argv[2]).name}: against the NumPy oracle {diff:.3g} (tolerance 1e-4), "
+      f"{rate:.0f} samples/s, {wall:.2f} s")
+sys.exit(0 if diff <= 1e-4 else 1)
+' "$OUT/runs/oracle-numpy" "$OUT/runs/$name"
+      done
+      # the bandwidth-bound MLP of bench train (1.07 M parameters), device buffers against staged
+      large=(--set data.name=synthetic --set data.synthetic_features=784 --set data.synthetic_samples=10000
+             --set model.hidden=[1024,256] --set data.batch_size=64 --set stop.iterations=300 --set stop.epochs=0
+             --set straggler.enabled=false --set eval.every_seconds=1e9 --set backend=cupy)
+      for ca in true false; do
+        run "impi-large-ca-$ca" "${impi[@]}" -n 3 "$PYTHON" -m ebsp_mpi train -q --out "$OUT/runs/impi-large-ca-$ca" \
+          "${large[@]}" --set runtime.cuda_aware_mpi=$ca
+        "$PYTHON" -c "import json, sys; s = json.load(open(sys.argv[1])); print(f'large MLP, 2 workers, cuda_aware_mpi=$ca: \
+{s[\"samples_per_second\"]:.0f} samples/s')" "$OUT/runs/impi-large-ca-$ca/summary.json" 2>&1 | tee -a "$OUT/summary.txt"
+      done
+    else
+      record impi-probe FAIL $((SECONDS - t0)) "Intel MPI did not deliver a device buffer (see impi-probe.log)"
+      failures=$((failures + 1))
+    fi
+  fi
 fi
 
 if wanted bench; then
   if imports torch; then
-    run bench-nn "$PYTHON" -m ebsp_mpi bench --json "$OUT/bench-nn.json" nn --device cuda
+    for k in $(seq "${BENCH_RUNS:-2}"); do  # layers of a few hundred microseconds: one run is not a figure
+      run "bench-nn-$k" "$PYTHON" -m ebsp_mpi bench --json "$OUT/bench-nn-$k.json" nn --device cuda
+    done
   else
     record bench-nn skip 0 "torch does not import"
   fi
+fi
+
+if wanted bench-train; then
+  for w in ${TRAIN_WORKERS:-1 4}; do
+    run "bench-train-$w" "$PYTHON" -m ebsp_mpi bench --json "$OUT/bench-train-$w.json" train --device cuda \
+      --mpiexec "$MPIEXEC" --sizes large,cnn --models bsp --workers "$w" --reps "${TRAIN_REPS:-2}" \
+      --set stop.iterations="${TRAIN_ITERATIONS:-300}"
+  done
 fi
 
 if wanted ps; then

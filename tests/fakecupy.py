@@ -104,7 +104,10 @@ class ndarray(np.ndarray):  # CuPy's name
         return asnumpy(self, stream=stream, out=out)
 
     def set(self, arr, stream=None):
-        """Host -> this device array in place, as CuPy's (which refuses a non-contiguous target)."""
+        """Host -> this device array in place, as CuPy's: a NumPy array of this one's dtype and shape,
+        into a contiguous target."""
+        if not isinstance(arr, np.ndarray) or isinstance(arr, ndarray) or arr.dtype != self.dtype:
+            raise TypeError(f"fakecupy: only a host array of {self.dtype} can be set to this array")
         if not self.flags.c_contiguous or arr.shape != self.shape:
             raise RuntimeError("fakecupy: set needs a C-contiguous target of the host array's shape")
         _count_h2d(np.asarray(arr))
