@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import gpu_kernels
 from .base import Layer, pair, require_chw
 from .params import ParamSpace, TensorSpec
 
@@ -23,7 +24,14 @@ class Conv2D(Layer):
     im2col with the batch inside the columns: the windows are copied once (through a strided view)
     into a ``(C*kh*kw, N*G)`` matrix, so forward, weight gradient and column gradient are each ONE
     large GEMM; col2im adds the column gradient back with kh*kw strided-slice additions (a loop over
-    kernel offsets, not pixels, and no scatter-add, so the code runs on CuPy unchanged).
+    kernel offsets, not pixels, and no scatter-add).
+
+    On CuPy (float32 or float64) im2col and col2im are one CUDA kernel each (``gpu_kernels``), as at
+    a GPU worker's batch sizes the kh*kw launches, not the arithmetic, set the time: im2col gathers
+    the columns straight from ``x`` (no padded copy of the input), and col2im is a gather, one thread
+    per element of the padded input gradient, that adds its contributions in the loop's order above
+    (offsets ascending) onto zero, without a zeroing pass: the result is the NumPy path's to the bit.
+    Elsewhere (NumPy, a stand-in without kernels, other dtypes) the code above runs, on any ``xp``.
 
     With stride 1 the columns run over a "wide" grid of Ho rows of the padded row length (G = Ho*row),
     so every kernel offset is one contiguous run of the flattened padded image: im2col and col2im
@@ -116,6 +124,17 @@ class Conv2D(Layer):
         n, c, h, w = x.shape
         (kh, kw), (sh, sw), (ph, pw) = self.kernel, self.stride, self.padding
         ho, wo = self.out_hw
+        xs = self._kernel_strides(x)
+        if xs is not None:
+            # One kernel reads the windows straight from x (zeros where they reach the padding).
+            shape = (c, kh, kw, n, ho * self.row) if self.wide else (c, kh, kw, n, ho, wo)
+            cols = self._scratch("cols", shape, keep=keep)
+            if self.wide:
+                gpu_kernels.im2col_wide(xp, x, cols, xs, ho * self.row, self.kernel, self.row, self.padding)
+            else:
+                gpu_kernels.im2col_strided(xp, x, cols, xs, self.out_hw, self.kernel, self.stride,
+                                           self.padding)
+            return cols.reshape(c * kh * kw, -1)
         # Only the interior is ever written, so the zero border made with the buffer stays zero.
         buf = self._scratch("padded", (n, c, self.plane), zero=True, keep=keep)
         self._image(buf)[:, :, ph:ph + h, pw:pw + w] = x
@@ -176,7 +195,7 @@ class Conv2D(Layer):
         if not need_dx:
             return None
         buf = self._input_grad(n)
-        self._col2im_add(dcols, buf)
+        self._col2im_add(dcols, buf, onto_zero=True)
         return self._unpad(buf)
 
     # -- OSDP slices: a layer split along O, one slice of output channels at a time (nn.ondemand) -----
@@ -221,7 +240,7 @@ class Conv2D(Layer):
         if need_dx:
             dcols = self._scratch("dcols", cols.shape)
             xp.matmul(W2.T, dyg, out=dcols)
-            self._col2im_add(dcols, self._dx_sum)
+            self._col2im_add(dcols, self._dx_sum, onto_zero=o1 == o)
         xp.sum(dyg, axis=1, out=db)
         k = cols.shape[0]
         dwt = self._scratch("dWt", (k, o)).reshape(-1)[:k * (o1 - o0)].reshape(k, o1 - o0)
@@ -234,9 +253,28 @@ class Conv2D(Layer):
 
     # -- col2im -------------------------------------------------------------------------------------
 
+    def _gpu(self, n) -> bool:
+        """Whether col2im runs as one CUDA kernel for a batch of `n` (CuPy, float32 or float64, sizes
+        the kernels can index); :meth:`_input_grad` and :meth:`_col2im_add` agree on it."""
+        c = self.in_shape[0]
+        kh, kw = self.kernel
+        ho = self.out_hw[0]
+        return (gpu_kernels.usable(self.xp, self._dtype)
+                and gpu_kernels.fits(c * kh * kw * n * ho * self.grid_w, n * c * self.plane))
+
+    def _kernel_strides(self, x):
+        """im2col by kernel: `x`'s element strides where it may (see :meth:`_gpu`; `x` of the
+        weights' dtype, its strides whole elements), else None."""
+        if x.dtype != self._dtype or not self._gpu(x.shape[0]):
+            return None
+        xs = gpu_kernels.element_strides(x)
+        return xs if xs is not None and gpu_kernels.fits(gpu_kernels.span(x.shape, xs)) else None
+
     def _input_grad(self, n):
-        """A zeroed ``(N, C, plane)`` buffer that col2im adds onto."""
-        return self.xp.zeros((n, self.in_shape[0], self.plane), dtype=self._dtype)
+        """The ``(N, C, plane)`` buffer that col2im adds onto: zeroed, or on the kernel path (where
+        the first :meth:`_col2im_add`, ``onto_zero``, writes every element) uninitialised."""
+        make = self.xp.empty if self._gpu(n) else self.xp.zeros
+        return make((n, self.in_shape[0], self.plane), dtype=self._dtype)
 
     def _unpad(self, buf):
         """The input gradient: the interior of the padded images in `buf` (a view)."""
@@ -244,13 +282,26 @@ class Conv2D(Layer):
         ph, pw = self.padding
         return self._image(buf)[:, :, ph:ph + h, pw:pw + w]
 
-    def _col2im_add(self, dcols, buf):
-        """Add the ``(C*kh*kw, N*G)`` column gradient onto the padded input gradient `buf`: one add per
-        kernel offset."""
+    def _col2im_add(self, dcols, buf, onto_zero=False):
+        """Add the ``(C*kh*kw, N*G)`` column gradient onto the padded input gradient `buf`.
+
+        On CuPy one kernel does it (gpu_kernels: each element of `buf` adds its contributions in the
+        order below, so the result is the same to the bit); `onto_zero` (`buf` straight from
+        :meth:`_input_grad`) lets it write onto zero instead of reading `buf`. Otherwise one add per
+        kernel offset, (i, j) ascending; `buf` is then zeroed already."""
         c = self.in_shape[0]
         (kh, kw), (sh, sw) = self.kernel, self.stride
         ho, wo = self.out_hw
         n = buf.shape[0]
+        if self._gpu(n):
+            dcols = self.xp.ascontiguousarray(dcols)     # the layer's own scratch: no copy
+            if self.wide:
+                gpu_kernels.col2im_wide(self.xp, dcols, buf, ho * self.row, self.kernel, self.row,
+                                        accumulate=not onto_zero)
+            else:
+                gpu_kernels.col2im_strided(self.xp, dcols, buf, (self.padded_h, self.row), self.out_hw,
+                                           self.kernel, self.stride, accumulate=not onto_zero)
+            return
         if self.wide:
             row = self.row
             g = ho * row

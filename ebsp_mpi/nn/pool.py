@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import gpu_kernels
 from .base import Layer, pair, require_chw
 
 
@@ -21,7 +22,14 @@ class MaxPool2D(Layer):
     row-major kernel order) whose input equals the maximum, so ties are resolved
     deterministically and each window's gradient goes to exactly one element: one masked
     strided write per offset, or an addition when windows overlap. No scatter-add is needed, so
-    the code runs on CuPy unchanged.
+    this code runs on any ``xp``.
+
+    On CuPy (float32 or float64) forward and backward are one CUDA kernel each (``gpu_kernels``):
+    forward takes each window's maximum with ``np.maximum``'s rules (NaN propagates); backward is a
+    gather, one thread per input element, that applies the same tie rule and sums the windows
+    holding it in the same order, writing every element of ``dx`` (0 where no window reaches).
+    Outputs and gradients are the NumPy path's to the bit (NaN payloads aside). A non-contiguous
+    ``x`` is copied once to a contiguous one there; ``dy`` is read through its strides.
     """
 
     def __init__(self, size, stride=None):
@@ -52,8 +60,20 @@ class MaxPool2D(Layer):
                 yield (slice(None), slice(None), slice(i, i + sh * (ho - 1) + 1, sh),
                        slice(j, j + sw * (wo - 1) + 1, sw))
 
+    def _gpu(self, x) -> bool:
+        """Whether this batch runs as CUDA kernels: CuPy, float32 or float64, sizes the kernels index."""
+        return gpu_kernels.usable(self.xp, x.dtype) and gpu_kernels.fits(x.size)
+
     def forward(self, x, train):
         xp = self.xp
+        if self._gpu(x):
+            # One kernel; it reads x contiguous (a copy where x is a view), and so does backward.
+            x = xp.ascontiguousarray(x)
+            y = xp.empty((x.shape[0], x.shape[1]) + self.out_hw, dtype=x.dtype)
+            gpu_kernels.maxpool_forward(xp, x, y, self.size, self.stride)
+            if train:
+                self._saved = (x, y)
+            return y
         slices = self._window_slices()
         first = next(slices)
         y = x[first].copy()
@@ -69,6 +89,13 @@ class MaxPool2D(Layer):
         (x, y), self._saved = self._saved, None
         if not need_dx:
             return None
+        dys = gpu_kernels.element_strides(dy) if dy.dtype == x.dtype and self._gpu(x) else None
+        if (dys is not None and x.flags.c_contiguous and y.flags.c_contiguous
+                and gpu_kernels.fits(gpu_kernels.span(dy.shape, dys))):
+            # One gather kernel writes every element of dx (0 where no window reaches).
+            dx = xp.empty(x.shape, dtype=x.dtype)
+            gpu_kernels.maxpool_backward(xp, x, y, dy, dys, dx, self.size, self.stride)
+            return dx
         dx = xp.zeros((dy.shape[0],) + self.in_shape, dtype=dy.dtype)
         disjoint = all(s >= k for s, k in zip(self.stride, self.size, strict=True))
         # The first offset holding the maximum takes the gradient (ties: deterministic, once).
