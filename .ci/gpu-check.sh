@@ -70,6 +70,9 @@ fi
 # Open MPI refuses to start as root without these (containers); MPICH ignores them
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export PYTHONUNBUFFERED=1
+# the package from this checkout wherever a step runs (jobs/osdp/measure.sh works in its own folder), also
+# where the image's packages satisfy the extras and nothing is installed
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 
 wanted() { [[ " $STEPS " == *" $1 "* ]]; }
 

@@ -60,7 +60,7 @@ class Fetcher(Transport):
         sched = layout.schedule
         self.sched, self.backend, self.staged, self.check, self.bytes = sched, backend, staged, check, bytes
         self.buffer = backend.xp.empty(sched.buffer_elems, dtype=np.float32)
-        self.host = np.empty(sched.buffer_elems, dtype=np.float32) if staged else self.buffer
+        self.host = backend.host_empty(sched.buffer_elems) if staged else self.buffer
         self.names = _unit_names(layout)
         self.wait = None  # set by the worker: wait(requests, ranks), with its watchdog naming the silent ranks
         self.waited_s, self.messages = 0.0, 0  # seconds waiting on fetches and pushes; their messages
@@ -107,7 +107,7 @@ class Fetcher(Transport):
     def push(self, i: int) -> None:
         a, b = self._place(i)
         if self.staged:
-            self.host[a:b] = self.backend.to_host(self.buffer[a:b])
+            self.backend.copy_to_host(self.host[a:b], self.buffer[a:b])
         elif self.backend.name != "numpy":
             self.backend.synchronize()  # CUDA-aware MPI reads the device buffer: the kernels must be done
         self.check(self.host[a:b])

@@ -46,8 +46,8 @@ class WireBuffers:
     @classmethod
     def of(cls, space, backend, cuda_aware_mpi: bool) -> WireBuffers:
         direct = backend.name == "numpy" or cuda_aware_mpi
-        params = space.data if direct else np.empty(space.data.size, dtype=np.float32)
-        grad = space.grad if direct else np.empty(space.grad.size, dtype=np.float32)
+        params = space.data if direct else backend.host_empty(space.data.size)
+        grad = space.grad if direct else backend.host_empty(space.grad.size)
         return cls(space=space, params=params, grad=grad, staged=not direct, backend=backend)
 
     @property
@@ -165,8 +165,8 @@ class DenseWire:
             if self.started[k]:
                 continue
             at = self.local[k]
-            if buf.staged:  # the device has finished this slice (synchronized by to_host)
-                buf.grad[at] = buf.backend.to_host(buf.space.grad[at])
+            if buf.staged:  # the device has finished this slice (the copy waits for the stream)
+                buf.backend.copy_to_host(buf.grad[at], buf.space.grad[at])
             self.pushes[k].Start()
             self.started[k] = True
 
