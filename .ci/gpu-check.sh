@@ -36,11 +36,10 @@
 # offline machine; a .whl/ folder in the repository is then the only source, see below),
 # ITERATIONS (per worker, default 200), STEP_TIMEOUT (seconds per command, default 540), PACK=1 (leave
 # only summary.txt and gpu-check.tgz, everything else, in $OUT: the lent machine returns at most 8 files).
-# On the lent machine (10 minutes a command), e.g. three calls, each carrying .whl:
-#   STEPS="preflight install tests" PACK=1 .ci/gpu-check.sh
+# On the lent machine (10 minutes a command), carrying .whl: one call of about 5 minutes gives the
+# figures of docs/performance.md, "On a GPU" (train and ps take a call of their own):
+#   STEPS="preflight install tests cuda-aware bench bench-train osdp" ITERATIONS=100 OSDP_BACKENDS=cupy PACK=1 .ci/gpu-check.sh
 #   STEPS="install train" PACK=1 .ci/gpu-check.sh
-#   STEPS="install oracle cuda-aware bench" PACK=1 .ci/gpu-check.sh
-#   STEPS="install osdp" PACK=1 .ci/gpu-check.sh
 # The exit status is the number of failed steps (0: all ok or skipped).
 #
 # On a lent machine that reaches nothing (its image has CuPy, torch, mpi4py, numba, h5py, scikit-learn
