@@ -27,6 +27,10 @@ log = logging.getLogger(__name__)
 
 #: seconds between printing why the job stops and calling MPI_Abort
 ABORT_GRACE_S = 0.5
+#: seconds MPI_Abort may take before the rank exits by itself. Under Hydra, MPI_Abort asks the node's
+#: proxy over its PMI socket and waits for the launcher: on a node whose link is cut neither answers
+#: ever, and the rank would sleep in that read for good (nothing reaps ranks under mpiexec)
+ABORT_BOUND_S = 10.0
 CLOCK_ROUNDS = 8
 #: seconds between a server's housekeeping passes (keep-alives, watchdogs, trace flush; on rank 0 also
 #: evaluation start, progress and stray messages)
@@ -451,4 +455,9 @@ def abort(ctx: Context | None, exc: BaseException) -> None:
     # MPI_Abort makes the launcher kill every rank at once, and MPICH's Hydra may drop what it has not yet
     # forwarded from the ranks' pipes: give the message a moment to get out first
     time.sleep(ABORT_GRACE_S)
+    # the kernel's timer, not a thread: SIGALRM's default action ends the process wherever it is blocked
+    # (faulthandler's watchdog thread did not outlast MPICH's abort path)
+    if hasattr(signal, "alarm"):
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.alarm(math.ceil(ABORT_BOUND_S))
     MPI.COMM_WORLD.Abort(2 if isinstance(exc, UsageError) else 1)

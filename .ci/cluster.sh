@@ -1,0 +1,198 @@
+#!/usr/bin/env bash
+# A virtual cluster of N nodes on this host, each a set of Linux namespaces (as root):
+#
+#   bash .ci/cluster.sh up [N] [--rate R] [--rate-of nI=R ...]   N nodes n1..nN (default 4)
+#   bash .ci/cluster.sh down                                     stop and remove everything
+#   bash .ci/cluster.sh status                                   the nodes, their holders and links
+#
+# A node nI has its own
+#   - network: a network namespace with a veth (eth0, address $SUBNET.I/24) on a bridge ($BRIDGE,
+#     address $SUBNET.254 on the host), and its loopback;
+#   - hostname nI (UTS), mount namespace with a private tmpfs on /dev/shm and its own /etc/hosts (the
+#     nodes by name), SysV IPC, PIDs (its own /proc) and time: CLOCK_MONOTONIC is I*3 hours ahead of the
+#     host's (unshare --time --monotonic), so no two nodes share a clock.
+# All of them are needed: UCX (inside the PyPI MPICH) decides what is "the same host" from the boot id,
+# which namespaces share, and without IPC and PID namespaces it moves messages between "nodes" through
+# SysV shared memory or CMA, so that a cut link would cut nothing.
+#
+# A node is held by one process, `unshare ... sleep infinity` (PID 1 of the node's PID namespace; its
+# PID on the host is in $STATE/nI.pid); everything runs inside it through $STATE/enter, which takes
+# ssh's form `enter [-x] HOST CMD...` and runs CMD by `sh -c` in HOST's namespaces, in the caller's
+# working directory. It is Hydra's launcher and Open MPI's rsh agent:
+#
+#   mpiexec -iface $BRIDGE -launcher ssh -launcher-exec $STATE/enter -hosts n1,n2 -n 4 ...
+#   mpiexec --mca plm_rsh_agent $STATE/enter --host n1:2,n2:2 -n 4 ...
+#
+# Links: `--rate R` (a tc rate: 100mbit) shapes every node's link both ways with tc tbf, `--rate-of
+# n2=10mbit` one node's; unshaped by default (netem is not in every kernel: delay is not emulated).
+# `down` kills each holder by its PID (which ends every process of the node: its PID namespace goes with
+# its PID 1), then removes the veths, namespaces and bridge; a failed `up` does the same before it exits.
+#
+# Environment: CLUSTER_STATE (default /run/ebsp-cluster), CLUSTER_BRIDGE (ebspbr0), CLUSTER_SUBNET
+# (10.213.7: the first three bytes of a /24 no route of this host uses), CLUSTER_SHM (the size of each
+# node's /dev/shm, default 1g).
+set -euo pipefail
+
+STATE=${CLUSTER_STATE:-/run/ebsp-cluster}
+BRIDGE=${CLUSTER_BRIDGE:-ebspbr0}
+SUBNET=${CLUSTER_SUBNET:-10.213.7}
+SHM=${CLUSTER_SHM:-1g}
+HOURS=3  # node I's monotonic clock is I*HOURS hours ahead of the host's
+
+say() { echo "cluster: $*" >&2; }
+die() { say "$*"; exit 1; }
+
+netns() { echo "ebsp-$1"; }     # the network namespace of node $1
+hostveth() { echo "ebsp-$1"; }  # the host's end of node $1's veth
+
+# shape_link NODE RATE: tbf at RATE on both ends of NODE's veth (the host's end: traffic into the node)
+shape_link() {
+    local node=$1 rate=$2 burst=256kb
+    tc qdisc replace dev "$(hostveth "$node")" root tbf rate "$rate" burst "$burst" latency 100ms
+    ip netns exec "$(netns "$node")" tc qdisc replace dev eth0 root tbf rate "$rate" burst "$burst" latency 100ms
+    echo "$rate" > "$STATE/$node.rate"
+}
+
+down() {
+    local pidfile pid node ns
+    [[ -d "$STATE" ]] || return 0
+    for pidfile in "$STATE"/n*.pid; do
+        [[ -e "$pidfile" ]] || continue
+        pid=$(cat "$pidfile")
+        # the holder is `unshare --kill-child`: SIGTERM to it sends SIGKILL to the node's PID 1, and the
+        # kernel then kills every other process of the node's PID namespace
+        if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; then
+            kill -TERM "$pid" 2>/dev/null || true
+            for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+        rm -f "$pidfile"
+    done
+    for node in $(cat "$STATE/nodes" 2>/dev/null); do
+        ip link del "$(hostveth "$node")" 2>/dev/null || true
+        ns=$(netns "$node")
+        ip netns del "$ns" 2>/dev/null || true
+    done
+    ip link del "$BRIDGE" 2>/dev/null || true
+    rm -rf "$STATE"
+}
+
+up() {
+    local n=4 rate= i node addr ns hours
+    declare -A rate_of=()
+    while [[ $# -gt 0 ]]; do
+        case $1 in
+            --rate) rate=$2; shift 2 ;;
+            --rate-of) rate_of[${2%%=*}]=${2#*=}; shift 2 ;;
+            [0-9]*) n=$1; shift ;;
+            *) die "up: unknown argument '$1' (up [N] [--rate R] [--rate-of nI=R])" ;;
+        esac
+    done
+    (( n >= 1 && n <= 250 )) || die "up: N must be 1..250, not $n"
+    [[ $(id -u) == 0 ]] || die "up: needs root"
+    [[ -e "$STATE/nodes" ]] && die "up: a cluster is up already ($STATE): bash $0 down first"
+    ip route | grep -q "^$SUBNET\." && die "up: $SUBNET.0/24 is routed on this host already (CLUSTER_SUBNET)"
+
+    trap 'code=$?; if (( code != 0 )); then say "up failed: removing what was made"; down; fi' EXIT
+    mkdir -p "$STATE"
+    : > "$STATE/nodes"
+    {
+        echo "127.0.0.1 localhost"
+        echo "$SUBNET.254 cluster-host"
+        for (( i = 1; i <= n; i++ )); do echo "$SUBNET.$i n$i"; done
+    } > "$STATE/hosts"
+    write_enter
+
+    ip link add "$BRIDGE" type bridge
+    ip addr add "$SUBNET.254/24" dev "$BRIDGE"
+    ip link set "$BRIDGE" up
+    for (( i = 1; i <= n; i++ )); do
+        node=n$i addr=$SUBNET.$i ns=$(netns "n$i") hours=$(( i * HOURS ))
+        echo "$node" >> "$STATE/nodes"
+        ip netns add "$ns"
+        ip link add "$(hostveth "$node")" type veth peer name eth0 netns "$ns"
+        ip link set "$(hostveth "$node")" master "$BRIDGE" up
+        ip netns exec "$ns" ip addr add "$addr/24" dev eth0
+        ip netns exec "$ns" ip link set eth0 up
+        ip netns exec "$ns" ip link set lo up
+        # the holder: PID 1 of the node's PID namespace, with its hostname, /dev/shm and /etc/hosts
+        ip netns exec "$ns" unshare --uts --mount --propagation private --ipc --pid --fork --mount-proc \
+            --time --monotonic $(( hours * 3600 )) --kill-child \
+            sh -c "hostname $node && mount -t tmpfs -o size=$SHM,mode=1777 tmpfs /dev/shm &&
+                   mount --bind '$STATE/hosts' /etc/hosts && exec sleep infinity" \
+            </dev/null >/dev/null 2>"$STATE/$node.log" &
+        echo $! > "$STATE/$node.pid"
+        echo "$addr" > "$STATE/$node.addr"
+        echo $(( hours * 3600 )) > "$STATE/$node.monotonic"
+    done
+    for node in $(cat "$STATE/nodes"); do  # each holder has set up its node
+        for _ in $(seq 100); do
+            [[ "$("$STATE/enter" "$node" hostname 2>/dev/null)" == "$node" ]] && break
+            sleep 0.1
+        done
+        [[ "$("$STATE/enter" "$node" hostname 2>/dev/null)" == "$node" ]] ||
+            die "up: node $node did not start: $(cat "$STATE/$node.log")"
+        if [[ -n "${rate_of[$node]:-$rate}" ]]; then
+            shape_link "$node" "${rate_of[$node]:-$rate}"
+        fi
+    done
+    trap - EXIT
+    status
+}
+
+# the launcher that enters a node: $STATE/enter [ssh options] HOST CMD...
+write_enter() {
+    cat > "$STATE/enter" <<EOF
+#!/usr/bin/env bash
+# enter [-x] [ssh options] HOST CMD...: run CMD (joined, by sh -c, as ssh does) in HOST's namespaces,
+# in the caller's working directory. HOST is a node name (n1..) or its address.
+set -euo pipefail
+STATE=$STATE
+EOF
+    cat >> "$STATE/enter" <<'EOF'
+while [[ $# -gt 0 && "$1" == -* ]]; do
+    case $1 in
+        -[bcDEeFIiJLlmOopQRSWw]) shift 2 ;;  # ssh options with an argument
+        *) shift ;;
+    esac
+done
+[[ $# -ge 1 ]] || { echo "usage: enter [-x] HOST CMD..." >&2; exit 2; }
+host=$1
+shift
+if [[ ! -e "$STATE/$host.pid" ]]; then  # an address, or a name with a domain
+    for f in "$STATE"/n*.addr; do
+        [[ "$(cat "$f")" == "$host" ]] && host=$(basename "$f" .addr)
+    done
+    host=${host%%.*}
+fi
+[[ -e "$STATE/$host.pid" ]] || { echo "enter: no node $host in $STATE" >&2; exit 255; }
+holder=$(cat "$STATE/$host.pid")
+init=$(cat "/proc/$holder/task/$holder/children" 2>/dev/null | awk '{print $1}')
+[[ -n "$init" ]] || { echo "enter: node $host is down" >&2; exit 255; }
+[[ $# -gt 0 ]] || set -- "${SHELL:-/bin/sh}"
+exec nsenter --target "$init" --net --uts --mount --ipc --pid --time --wd="$PWD" -- /bin/sh -c "$*"
+EOF
+    chmod 755 "$STATE/enter"
+}
+
+status() {
+    local node holder
+    [[ -e "$STATE/nodes" ]] || { say "no cluster up ($STATE)"; return 0; }
+    for node in $(cat "$STATE/nodes"); do
+        holder=$(cat "$STATE/$node.pid")
+        echo "$node $(cat "$STATE/$node.addr") holder $holder monotonic +$(cat "$STATE/$node.monotonic") s" \
+            "link $(cat "$STATE/$node.rate" 2>/dev/null || echo unshaped)" \
+            "$(kill -0 "$holder" 2>/dev/null && echo up || echo DOWN)"
+    done
+    echo "enter: $STATE/enter  bridge: $BRIDGE $SUBNET.254/24"
+}
+
+cmd=${1:-}
+shift || true
+case $cmd in
+    up) up "$@" ;;
+    down) down ;;
+    status) status ;;
+    shape) [[ $# == 2 ]] || die "shape NODE RATE"; shape_link "$1" "$2" ;;
+    *) die "usage: $0 up [N] [--rate R] [--rate-of nI=R] | down | status | shape NODE RATE" ;;
+esac
