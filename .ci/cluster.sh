@@ -4,6 +4,8 @@
 #   bash .ci/cluster.sh up [N] [--rate R] [--rate-of nI=R ...]   N nodes n1..nN (default 4)
 #   bash .ci/cluster.sh down                                     stop and remove everything
 #   bash .ci/cluster.sh status                                   the nodes, their holders and links
+#   bash .ci/cluster.sh shape NODE RATE|none                     shape one node's link now
+#   bash .ci/cluster.sh shm NODE SIZE                            resize one node's /dev/shm (64m)
 #
 # A node nI has its own
 #   - network: a network namespace with a veth (eth0, address $SUBNET.I/24) on a bridge ($BRIDGE,
@@ -30,24 +32,38 @@
 #
 # Environment: CLUSTER_STATE (default /run/ebsp-cluster), CLUSTER_BRIDGE (ebspbr0), CLUSTER_SUBNET
 # (10.213.7: the first three bytes of a /24 no route of this host uses), CLUSTER_SHM (the size of each
-# node's /dev/shm, default 1g).
+# node's /dev/shm, default 1g), CLUSTER_PREFIX (ebsp: the names PREFIX-nI of the network namespaces
+# and of the host's veth ends).
 set -euo pipefail
 
 STATE=${CLUSTER_STATE:-/run/ebsp-cluster}
 BRIDGE=${CLUSTER_BRIDGE:-ebspbr0}
 SUBNET=${CLUSTER_SUBNET:-10.213.7}
 SHM=${CLUSTER_SHM:-1g}
+PREFIX=${CLUSTER_PREFIX:-ebsp}  # of the network namespaces and the host's veth ends: PREFIX-nI
 HOURS=3  # node I's monotonic clock is I*HOURS hours ahead of the host's
+# a cluster that is up is taken down, shaped and entered with the names it was made with
+if [[ -r "$STATE/config" ]]; then
+    # shellcheck disable=SC1091
+    source "$STATE/config"
+fi
 
 say() { echo "cluster: $*" >&2; }
 die() { say "$*"; exit 1; }
 
-netns() { echo "ebsp-$1"; }     # the network namespace of node $1
-hostveth() { echo "ebsp-$1"; }  # the host's end of node $1's veth
+netns() { echo "$PREFIX-$1"; }     # the network namespace of node $1
+hostveth() { echo "$PREFIX-$1"; }  # the host's end of node $1's veth (at most 15 characters)
 
-# shape_link NODE RATE: tbf at RATE on both ends of NODE's veth (the host's end: traffic into the node)
+# shape_link NODE RATE: tbf at RATE on both ends of NODE's veth (the host's end: traffic into the node);
+# RATE none: unshaped again
 shape_link() {
     local node=$1 rate=$2 burst=256kb
+    if [[ "$rate" == none ]]; then
+        tc qdisc del dev "$(hostveth "$node")" root 2>/dev/null || true
+        ip netns exec "$(netns "$node")" tc qdisc del dev eth0 root 2>/dev/null || true
+        rm -f "$STATE/$node.rate"
+        return 0
+    fi
     tc qdisc replace dev "$(hostveth "$node")" root tbf rate "$rate" burst "$burst" latency 100ms
     ip netns exec "$(netns "$node")" tc qdisc replace dev eth0 root tbf rate "$rate" burst "$burst" latency 100ms
     echo "$rate" > "$STATE/$node.rate"
@@ -96,6 +112,7 @@ up() {
     trap 'code=$?; if (( code != 0 )); then say "up failed: removing what was made"; down; fi' EXIT
     mkdir -p "$STATE"
     : > "$STATE/nodes"
+    printf 'BRIDGE=%q\nPREFIX=%q\nSUBNET=%q\n' "$BRIDGE" "$PREFIX" "$SUBNET" > "$STATE/config"
     {
         echo "127.0.0.1 localhost"
         echo "$SUBNET.254 cluster-host"
@@ -194,5 +211,6 @@ case $cmd in
     down) down ;;
     status) status ;;
     shape) [[ $# == 2 ]] || die "shape NODE RATE"; shape_link "$1" "$2" ;;
-    *) die "usage: $0 up [N] [--rate R] [--rate-of nI=R] | down | status | shape NODE RATE" ;;
+    shm) [[ $# == 2 ]] || die "shm NODE SIZE"; "$STATE/enter" "$1" mount -o remount,size="$2" /dev/shm ;;
+    *) die "usage: $0 up [N] [--rate R] [--rate-of nI=R] | down | status | shape NODE RATE | shm NODE SIZE" ;;
 esac

