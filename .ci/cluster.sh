@@ -140,6 +140,7 @@ up() {
             </dev/null >/dev/null 2>"$STATE/$node.log" &
         echo $! > "$STATE/$node.pid"
         echo "$addr" > "$STATE/$node.addr"
+        mkdir -p "$STATE/$node.tmp"
         echo $(( hours * 3600 )) > "$STATE/$node.monotonic"
     done
     for node in $(cat "$STATE/nodes"); do  # each holder has set up its node
@@ -187,6 +188,8 @@ holder=$(cat "$STATE/$host.pid")
 init=$(cat "/proc/$holder/task/$holder/children" 2>/dev/null | awk '{print $1}')
 [[ -n "$init" ]] || { echo "enter: node $host is down" >&2; exit 255; }
 [[ $# -gt 0 ]] || set -- "${SHELL:-/bin/sh}"
+# a node's own temporary directory: Open MPI's daemons name theirs by PID, and PIDs repeat between nodes
+export TMPDIR=$STATE/$host.tmp
 exec nsenter --target "$init" --net --uts --mount --ipc --pid --time --wd="$PWD" -- /bin/sh -c "$*"
 EOF
     chmod 755 "$STATE/enter"
