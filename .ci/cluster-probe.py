@@ -7,6 +7,8 @@ subcommand each. Every one prints one line and exits non-zero when its claim doe
     placement RUN HOST,HOST,...    rank r of RUN ran on the r-th host named (its traces' host)
     clocks RUN STATE               every rank's recorded clock offset is its node's monotonic offset
                                    (STATE/nI.monotonic) less rank 0's node's, within 1 ms
+    complete RUN W ITERATIONS K    RUN ended with ITERATIONS on each of its W workers, as its last
+                                   checkpoint says, each traced once, its ranks on K nodes
     eager                          (under mpiexec) MPICH's eager shared-memory cells are set on each rank
                                    as its node's rank count allows (env.prepare_rank_env), and MPI starts
     devices RUN DEVICES            each worker of RUN used the fake GPU of its node-local rank (modulo
@@ -15,6 +17,7 @@ subcommand each. Every one prints one line and exits non-zero when its claim doe
                                    (by its rank number; with any, one of them at least)
 """
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -105,6 +108,25 @@ def cut(run: str, node: str, log: str, which: str = "all") -> None:
     print(f"{run}: the job's output names {node}'s rank(s) {', '.join(map(str, named))} of {ranks}")
 
 
+def complete(run: str, workers: str, iterations: str, nodes: str) -> None:
+    from ebsp_mpi.checkpoint import read_checkpoint
+    from ebsp_mpi.trace import read_run
+
+    workers_, n = int(workers), int(iterations)
+    summary = json.loads(Path(run, "summary.json").read_text())
+    done = [int(i) for i in read_checkpoint(run, arrays=False).iterations]
+    assert done == summary["iterations"] == [n] * workers_, \
+        f"{run}: the summary says {summary['iterations']}, the last checkpoint {done}, not {n} each"
+    traces = read_run(run)
+    assert sorted(traces) == list(range(workers_ + 1)), f"{run}: traces of ranks {sorted(traces)}"
+    for rank in range(1, workers_ + 1):
+        its = np.sort(traces[rank].table("iterations")["iteration"])
+        assert np.array_equal(its, np.arange(n)), f"{run}: rank {rank}: {len(its)} iterations traced, not 0..{n - 1}"
+    hosts = sorted({t.attrs["host"] for t in traces.values()})
+    assert len(hosts) == int(nodes), f"{run}: ranks on {hosts}, not on {nodes} nodes"
+    print(f"{run}: {n} iterations on each of {workers_} workers, every one traced once, ranks on {','.join(hosts)}")
+
+
 def eager() -> None:
     import os
     import socket
@@ -152,7 +174,7 @@ if __name__ == "__main__":
     command, *args = sys.argv[1:]
     try:
         {"bandwidth": bandwidth, "oracle": oracle, "placement": placement, "clocks": clocks, "eager": eager,
-         "devices": devices, "cut": cut}[command](*args)
+         "devices": devices, "cut": cut, "complete": complete}[command](*args)
     except AssertionError as e:
         print(f"FAILED: {e}")
         sys.exit(1)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A virtual cluster of N nodes on this host, each a set of Linux namespaces (as root):
 #
-#   bash .ci/cluster.sh up [N] [--rate R] [--rate-of nI=R ...]   N nodes n1..nN (default 4)
+#   bash .ci/cluster.sh up [N] [--rate R] [--rate-of nI=R ...] [--slurm]
+#                                                                N nodes n1..nN (default 4); --slurm:
+#                                                                and a Slurm cluster on them (slurm_up)
 #   bash .ci/cluster.sh down                                     stop and remove everything
 #   bash .ci/cluster.sh status                                   the nodes, their holders and links
 #   bash .ci/cluster.sh shape NODE RATE|none                     shape one node's link now
@@ -72,6 +74,7 @@ shape_link() {
 down() {
     local pidfile pid node ns
     [[ -d "$STATE" ]] || return 0
+    slurm_down
     for pidfile in "$STATE"/n*.pid; do
         [[ -e "$pidfile" ]] || continue
         pid=$(cat "$pidfile")
@@ -94,14 +97,15 @@ down() {
 }
 
 up() {
-    local n=4 rate= i node addr ns hours
+    local n=4 rate= i node addr ns hours slurm=
     declare -A rate_of=()
     while [[ $# -gt 0 ]]; do
         case $1 in
+            --slurm) slurm=1; shift ;;
             --rate) rate=$2; shift 2 ;;
             --rate-of) rate_of[${2%%=*}]=${2#*=}; shift 2 ;;
             [0-9]*) n=$1; shift ;;
-            *) die "up: unknown argument '$1' (up [N] [--rate R] [--rate-of nI=R])" ;;
+            *) die "up: unknown argument '$1' (up [N] [--rate R] [--rate-of nI=R] [--slurm])" ;;
         esac
     done
     (( n >= 1 && n <= 250 )) || die "up: N must be 1..250, not $n"
@@ -154,8 +158,129 @@ up() {
             shape_link "$node" "${rate_of[$node]:-$rate}"
         fi
     done
+    if [[ -n "$slurm" ]]; then
+        slurm_up
+    fi
     trap - EXIT
     status
+}
+
+# stop_pid PID: SIGTERM, up to 10 s, then SIGKILL
+stop_pid() {
+    local pid=$1
+    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null || return 0
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+}
+
+# Slurm on the cluster: munged and slurmctld on the host (slurmctld at $SUBNET.254), one slurmd in each
+# node's namespaces (NodeName=nI NodeAddr=$SUBNET.I CPUs=$SLURM_CPUS), partition "cluster" of them all;
+# the configuration in $STATE/slurm/slurm.conf (export SLURM_CONF=... to use it). munge's socket is a
+# file, so the host's munged serves every node. A node's slurmd needs the host's cgroup hierarchies,
+# which the node's own /sys (ip netns exec mounts one) lacks: they are mounted there again.
+SLURM_CPUS=${CLUSTER_SLURM_CPUS:-4}
+slurm_up() {
+    local t=$STATE/slurm node ports ctld_port slurmd_port nodes nsenter_pid pid
+    for tool in munged slurmctld slurmd sinfo; do
+        command -v $tool >/dev/null || die "up --slurm: no $tool (apt-get install slurmctld slurmd slurm-client munge)"
+    done
+    mkdir -p "$t"/state "$t"/spool "$t"/logs
+    chmod 755 "$t"
+    dd if=/dev/urandom of="$t/munge.key" bs=128 count=1 status=none
+    chmod 400 "$t/munge.key"
+    munged -F --force --key-file="$t/munge.key" --socket="$t/munge.socket" --pid-file="$t/munged.pidfile" \
+        --seed-file="$t/munged.seed" --log-file="$t/logs/munged.log" 2>"$t/logs/munged.stderr" </dev/null &
+    echo $! > "$t/munged.pid"
+    for _ in $(seq 50); do [[ -S "$t/munge.socket" ]] && break; sleep 0.1; done
+    [[ -S "$t/munge.socket" ]] || die "up --slurm: munged did not start: $(cat "$t/logs/munged.stderr")"
+    ports=$(python3 -c '
+import socket
+s = [socket.socket() for _ in range(2)]
+for x in s:
+    x.bind(("0.0.0.0", 0))
+print(*(x.getsockname()[1] for x in s))')
+    read -r ctld_port slurmd_port <<< "$ports"
+    nodes=$(paste -sd, "$STATE/nodes")
+    {
+        cat <<CONF
+ClusterName=virtual
+SlurmctldHost=$(hostname -s)($SUBNET.254)
+SlurmctldPort=$ctld_port
+SlurmdPort=$slurmd_port
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket=$t/munge.socket
+CredType=cred/munge
+StateSaveLocation=$t/state
+SlurmdSpoolDir=$t/spool/%n
+SlurmctldPidFile=$t/slurmctld.pidfile
+SlurmdPidFile=$t/slurmd-%n.pidfile
+SlurmctldLogFile=$t/logs/slurmctld.log
+SlurmdLogFile=$t/logs/slurmd-%n.log
+MailProg=/bin/true
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+MpiDefault=none
+JobRequeue=1
+MinJobAge=3600
+ReturnToService=2
+SlurmdParameters=config_overrides
+CONF
+        for node in $(cat "$STATE/nodes"); do
+            echo "NodeName=$node NodeAddr=$(cat "$STATE/$node.addr") CPUs=$SLURM_CPUS State=UNKNOWN"
+        done
+        echo "PartitionName=cluster Nodes=$nodes Default=YES MaxTime=INFINITE State=UP"
+    } > "$t/slurm.conf"
+    slurmctld -D -f "$t/slurm.conf" 2>"$t/logs/slurmctld.stderr" </dev/null &
+    echo $! > "$t/slurmctld.pid"
+    # the host's cgroup mounts, to make again in each node
+    awk '$2 == "/sys/fs/cgroup" && $3 == "tmpfs" { print "mount -t tmpfs -o mode=755 cgroup /sys/fs/cgroup" }
+         $2 ~ "^/sys/fs/cgroup/" && ($3 == "cgroup" || $3 == "cgroup2") {
+             print "mkdir -p " $2 " && mount -t " $3 " -o " $4 " cgroup " $2 }' /proc/self/mounts > "$t/cgroups.sh"
+    for node in $(cat "$STATE/nodes"); do
+        mkdir -p "$t/spool/$node"
+        "$STATE/enter" "$node" "sh $t/cgroups.sh" || die "up --slurm: cannot mount cgroups in $node"
+        SLURM_CONF=$t/slurm.conf "$STATE/enter" "$node" "exec slurmd -D -N $node -f $t/slurm.conf" \
+            2>"$t/logs/slurmd-$node.stderr" </dev/null &
+        nsenter_pid=$!
+        pid=
+        for _ in $(seq 50); do  # nsenter forks slurmd into the node's PID namespace: its PID on the host
+            pid=$(cat "/proc/$nsenter_pid/task/$nsenter_pid/children" 2>/dev/null | awk '{print $1}')
+            [[ -n "$pid" ]] && break
+            sleep 0.1
+        done
+        [[ -n "$pid" ]] || die "up --slurm: slurmd did not start in $node: $(cat "$t/logs/slurmd-$node.stderr")"
+        echo "$pid" > "$t/slurmd-$node.pid"
+    done
+    echo "export SLURM_CONF=$t/slurm.conf" > "$STATE/slurm.env"
+    for _ in $(seq 60); do
+        [[ "$(SLURM_CONF=$t/slurm.conf sinfo -h -o %t 2>/dev/null | sort -u)" == idle ]] && return 0
+        sleep 0.5
+    done
+    die "up --slurm: the nodes did not come up: $(SLURM_CONF=$t/slurm.conf sinfo 2>&1; tail -n 3 "$t"/logs/*.stderr)"
+}
+
+# every job cancelled (slurmd's steps outlive it), then slurmd, slurmctld and munged, each by its PID
+slurm_down() {
+    local t=$STATE/slurm jobs node
+    [[ -d "$t" ]] || return 0
+    if [[ -e "$t/slurm.conf" ]] && SLURM_CONF=$t/slurm.conf squeue -h >/dev/null 2>&1; then
+        jobs=$(SLURM_CONF=$t/slurm.conf squeue -h -o %A | sort -u)
+        if [[ -n "$jobs" ]]; then
+            SLURM_CONF=$t/slurm.conf scancel $jobs || true
+            for _ in $(seq 30); do [[ -z "$(SLURM_CONF=$t/slurm.conf squeue -h -o %A)" ]] && break; sleep 1; done
+        fi
+    fi
+    for node in $(cat "$STATE/nodes" 2>/dev/null); do
+        stop_pid "$(cat "$t/slurmd-$node.pid" 2>/dev/null)"
+    done
+    stop_pid "$(cat "$t/slurmctld.pid" 2>/dev/null)"
+    stop_pid "$(cat "$t/munged.pid" 2>/dev/null)"
 }
 
 # the launcher that enters a node: $STATE/enter [ssh options] HOST CMD...
@@ -205,6 +330,9 @@ status() {
             "$(kill -0 "$holder" 2>/dev/null && echo up || echo DOWN)"
     done
     echo "enter: $STATE/enter  bridge: $BRIDGE $SUBNET.254/24"
+    if [[ -e "$STATE/slurm.env" ]]; then
+        echo "slurm: $(cat "$STATE/slurm.env")"
+    fi
 }
 
 cmd=${1:-}
