@@ -19,7 +19,8 @@
 #      non-zero exit, its output naming the ranks of that node (under BSP one of them: the worker there
 #      is not named), and the cut node's own ranks end too (MPI_Abort is bounded: runtime/comm.py).
 #
-# Every launch runs under `timeout`. The cluster (its namespaces, veths and bridge, and every process in
+# CLUSTER_CHECKS="oracle cut" runs some of them only (isolation oracle pernode openmpi slurm cut; oracle
+# is 2 and 3). Every launch runs under `timeout`. The cluster (its namespaces, veths and bridge, and every process in
 # it) is taken down on exit, whatever happened. Where namespaces cannot be made (not root, no time
 # namespaces, no bridge) it says so in one line and exits 0; in CI (CI=true) that fails.
 # Usage, from anywhere: bash .ci/cluster-check.sh
@@ -35,6 +36,8 @@ skip() {
 }
 fail() { say "FAILED: $*" >&2; exit 1; }
 trap 'say "FAILED: line $LINENO: $BASH_COMMAND" >&2' ERR
+# want CHECK: CHECK is among $CLUSTER_CHECKS (default all: isolation oracle pernode openmpi slurm cut)
+want() { [[ " ${CLUSTER_CHECKS:-isolation oracle pernode openmpi slurm cut} " == *" $1 "* ]]; }
 
 [[ $(id -u) == 0 ]] || skip "needs root (it makes network, UTS, mount, IPC, PID and time namespaces)"
 for tool in ip tc unshare nsenter timeout; do
@@ -66,7 +69,7 @@ stop() {
 trap stop EXIT
 
 SLURM=
-if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null &&
+if want slurm && command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null &&
     command -v sbatch >/dev/null; then
     SLURM=--slurm
 fi
@@ -95,6 +98,7 @@ train() {
 sets() { local o; for o in "$@"; do printf -- '--set\n%s\n' "$o"; done; }
 
 # -- 1. isolation ---------------------------------------------------------------------------------
+if want isolation; then
 t=$(date +%s)
 fast=$(mpirun 60 n1,n2 2 -- "$PY" "$PROBE" bandwidth 4000000 10) || fail "bandwidth n1 -> n2: $fast"
 bash .ci/cluster.sh shape n2 100mbit
@@ -107,6 +111,7 @@ assert slow <= 100 * 1.1, "faster than its link"
 assert fast >= 3 * slow, "unshaped no faster: the shaping is not what limits"
 PYTHON
 say "1. isolation: MPI n1 -> n2 at $fast Mbit/s, with n2's link shaped to 100 Mbit/s $slow Mbit/s ($(( $(date +%s) - t )) s)"
+fi
 
 # -- 2, 3. BSP against the oracle, clocks ----------------------------------------------------------
 t=$(date +%s)
@@ -114,6 +119,7 @@ mapfile -t ORACLE < <(sets sync.model=bsp stop.iterations=40 optim.momentum=0.9 
     straggler.enabled=false)
 timeout 120 "$PY" -m ebsp_mpi train -q --out "$T/runs/oracle" "${ORACLE[@]}" --set sync.workers=4 \
     > "$T/logs/oracle" 2>&1 || fail "the oracle: $(tail -n 3 "$T/logs/oracle")"
+if want oracle; then
 for wire in ps sfb; do
     if [[ $wire == ps ]]; then WIRE=(--set runtime.chunk_bytes=4096); else WIRE=(--set comm.hybrid=sfb); fi
     # 1 server: rank 0 on n1, workers on n2, n3, n4, n1
@@ -133,8 +139,10 @@ for run in bsp-ps-1 bsp-ps-2 bsp-sfb-1 bsp-sfb-2; do
     line=$("$PY" "$PROBE" clocks "$T/runs/$run" "$CLUSTER_STATE") || fail "$line"
 done
 say "3. clocks: ${line#*: } (and alike in the 3 other runs; $(( $(date +%s) - t )) s)"
+fi
 
 # -- 4. per node: eager cells, GPUs ----------------------------------------------------------------
+if want pernode; then
 t=$(date +%s)
 for node in n1 n2 n3 n4; do bash .ci/cluster.sh shm $node 32m; done
 line=$(mpirun 60 n1:3,n2:3,n3:3,n4:3 12 -- "$PY" "$PROBE" eager) || fail "eager cells: $line"
@@ -146,10 +154,13 @@ PYTHONPATH=$REPO/tests/fakecupy_path FAKECUPY_DEVICES=4 EBSP_BACKEND=cupy \
     train gpu 120 n1:3,n2:2 5 $(sets stop.iterations=3 stop.epochs=0 runtime.servers=2)
 line=$("$PY" "$PROBE" devices "$T/runs/gpu" 4) || fail "$line"
 say "4. per node: ${line#*: } ($(( $(date +%s) - t )) s)"
+fi
 
 # -- 5. Open MPI across the nodes -----------------------------------------------------------------
 OPENMPI_VENV=${OPENMPI_VENV:-.venv-openmpi}
-if [[ -x "$OPENMPI_VENV/bin/python" ]] && "$OPENMPI_VENV/bin/python" -c 'import mpi4py.MPI as M; assert "Open MPI" in M.Get_library_version()' 2>/dev/null; then
+if ! want openmpi; then
+    :
+elif [[ -x "$OPENMPI_VENV/bin/python" ]] && "$OPENMPI_VENV/bin/python" -c 'import mpi4py.MPI as M; assert "Open MPI" in M.Get_library_version()' 2>/dev/null; then
     t=$(date +%s)
     OPY=$(cd "$OPENMPI_VENV" && pwd)/bin/python
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout -k 5 180 "$OPENMPI_VENV/bin/mpiexec" \
@@ -203,7 +214,9 @@ sbatch_train() {
     OUT=$T/runs/$name sbatch --parsable -N "$nodes" --ntasks=5 --cpus-per-task=1 --gpus=0 --job-name="$name" \
         -o "$T/logs/$name.out" -e "$T/logs/$name.err" ${opts[@]+"${opts[@]}"} slurm/train.sbatch "$@"
 }
-if [[ -n "$SLURM" ]]; then
+if ! want slurm; then
+    :
+elif [[ -n "$SLURM" ]]; then
     # shellcheck disable=SC1091
     source "$CLUSTER_STATE/slurm.env"
     for nodes in 2 4; do
@@ -227,7 +240,7 @@ if [[ -n "$SLURM" ]]; then
     for _ in $(seq 120); do [[ "$(state "$job")" == PENDING ]] && break; sleep 1; done
     [[ "$(state "$job")" == PENDING ]] || fail "job $job not requeued after USR1: $(state "$job")"
     wait_job "$job" 300
-    scontrol update NodeName="$first" State=RESUME
+    scontrol update NodeName="$first" State=RESUME || true  # drained above
     mapfile -t starts < <(grep -o '^job [0-9]* (restart [0-9]*) on n[0-9]*' "$T/logs/preempt.out")
     (( ${#starts[@]} == 2 )) || fail "job $job: started ${#starts[@]} times, not 2: ${starts[*]}"
     [[ "${starts[1]##* on }" != "${starts[0]##* on }" ]] ||
@@ -274,9 +287,11 @@ cut() {
     ip link set "$CLUSTER_PREFIX-$node" up
     say "7. $name: $node's link cut, the job ended $ended s later (exit $code), ${line#*: }; $node's own ranks gone $gone s after the cut"
 }
+if want cut; then
 t=$(date +%s)
 cut cut-asp n3 n1,n2,n3,n4 6 all --set sync.model=asp                                # n3: worker rank 2
 # n2 holds server 1 (rank 1) and worker rank 5. The ranks' watchdogs all fire at stall_timeout_s: the
 # first to abort is a worker naming both servers, or server 1 naming rank 0; rank 5 is not named
 cut cut-bsp-server n2 n1,n2,n3,n4 6 any --set sync.model=bsp --set runtime.servers=2
 say "7. link cuts ($(( $(date +%s) - t )) s)"
+fi

@@ -150,8 +150,8 @@ def eager() -> None:
         assert local == per_node[host], f"rank {rank} on {host} counts {local} ranks there, not {per_node[host]}"
         fits = local * SHM_BYTES_PER_RANK <= room
         assert cells == fits, f"rank {rank} on {host}: eager cells {'set' if cells else 'not set'} with {local} ranks"
-    print(f"eager cells set on all {len(ranks)} ranks, {max(per_node.values())} a node in {room / 2**20:.0f} MiB "
-          f"of /dev/shm each (the world's {len(ranks)} would not fit)")
+    print(f"eager cells set on all {len(ranks)} ranks, {max(per_node.values())} a node, in room for "
+          f"{room / 2**20:.0f} MiB (half of a node's /dev/shm; the world's {len(ranks)} would not fit)")
 
 
 def devices(run: str, count: str) -> None:

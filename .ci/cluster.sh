@@ -75,18 +75,18 @@ down() {
     local pidfile pid node ns
     [[ -d "$STATE" ]] || return 0
     slurm_down
+    # the holders are `unshare --kill-child`, which ignores SIGTERM while it waits for its child: SIGKILL
+    # to one makes the kernel send SIGKILL to its node's PID 1 (PR_SET_PDEATHSIG), and then to every other
+    # process of the node's PID namespace
     for pidfile in "$STATE"/n*.pid; do
         [[ -e "$pidfile" ]] || continue
         pid=$(cat "$pidfile")
-        # the holder is `unshare --kill-child`: SIGTERM to it sends SIGKILL to the node's PID 1, and the
-        # kernel then kills every other process of the node's PID namespace
         if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; then
-            kill -TERM "$pid" 2>/dev/null || true
-            for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
             kill -KILL "$pid" 2>/dev/null || true
+            wait "$pid" 2>/dev/null || true  # when this shell started it (a failed up)
         fi
-        rm -f "$pidfile"
     done
+    rm -f "$STATE"/n*.pid
     for node in $(cat "$STATE/nodes" 2>/dev/null); do
         ip link del "$(hostveth "$node")" 2>/dev/null || true
         ns=$(netns "$node")
@@ -267,7 +267,7 @@ CONF
 
 # every job cancelled (slurmd's steps outlive it), then slurmd, slurmctld and munged, each by its PID
 slurm_down() {
-    local t=$STATE/slurm jobs node
+    local t=$STATE/slurm jobs node pid
     [[ -d "$t" ]] || return 0
     if [[ -e "$t/slurm.conf" ]] && SLURM_CONF=$t/slurm.conf squeue -h >/dev/null 2>&1; then
         jobs=$(SLURM_CONF=$t/slurm.conf squeue -h -o %A | sort -u)
@@ -276,11 +276,16 @@ slurm_down() {
             for _ in $(seq 30); do [[ -z "$(SLURM_CONF=$t/slurm.conf squeue -h -o %A)" ]] && break; sleep 1; done
         fi
     fi
-    for node in $(cat "$STATE/nodes" 2>/dev/null); do
-        stop_pid "$(cat "$t/slurmd-$node.pid" 2>/dev/null)"
+    local stoppers=()
+    for node in $(cat "$STATE/nodes" 2>/dev/null); do  # all at once: each takes seconds to stop
+        stop_pid "$(cat "$t/slurmd-$node.pid" 2>/dev/null)" &
+        stoppers+=($!)
     done
-    stop_pid "$(cat "$t/slurmctld.pid" 2>/dev/null)"
+    for pid in ${stoppers[@]+"${stoppers[@]}"}; do wait "$pid" || true; done
+    stop_pid "$(cat "$t/slurmctld.pid" 2>/dev/null)" &
+    pid=$!
     stop_pid "$(cat "$t/munged.pid" 2>/dev/null)"
+    wait "$pid" || true
 }
 
 # the launcher that enters a node: $STATE/enter [ssh options] HOST CMD...
