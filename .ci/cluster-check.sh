@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project across nodes, on a virtual cluster of 4 nodes that .ci/cluster.sh makes of Linux namespaces
 # (each its own network on a bridge, hostname, /dev/shm, SysV IPC, PIDs and monotonic clock, hours apart).
+# About 2 minutes on 2 cores.
 # Jobs start from the host with Hydra's mpiexec, whose ssh launcher is the cluster's `enter` script; with
 # the .venv of the checkout (and .venv-openmpi for 5):
 #
@@ -14,15 +15,20 @@
 #      rank count (3: they fit), not the world's (12: they would not); a worker's GPU is its node-local rank
 #      (tests/fakecupy as CuPy, 4 devices a node), the servers' none;
 #   5. Open MPI (the openmpi extra, its rsh agent the same enter script) across the nodes: 2's oracle;
-#   6. a link cut mid-run (ip link set VETH down): under ASP with a worker's node cut, and under BSP with
+#   6. Slurm (where its daemons are installed; .ci/slurm-check.sh installs them): munged and slurmctld on
+#      the host, a slurmd in each node (cluster.sh up --slurm). slurm/train.sbatch with sbatch -N 2 and
+#      -N 4 runs its 5 ranks on 2 and 4 nodes to the end; a USR1 preemption checkpoints and requeues the
+#      job, its nodes drained meanwhile, and it resumes on the other two and ends at the promised
+#      iterations, every worker's trace holding each iteration once;
+#   7. a link cut mid-run (ip link set VETH down): under ASP with a worker's node cut, and under BSP with
 #      the node of server 1 and a worker cut, the job ends within runtime.stall_timeout_s + 10 s with a
 #      non-zero exit, its output naming the ranks of that node (under BSP one of them: the worker there
 #      is not named), and the cut node's own ranks end too (MPI_Abort is bounded: runtime/comm.py).
 #
 # CLUSTER_CHECKS="oracle cut" runs some of them only (isolation oracle pernode openmpi slurm cut; oracle
-# is 2 and 3). Every launch runs under `timeout`. The cluster (its namespaces, veths and bridge, and every process in
-# it) is taken down on exit, whatever happened. Where namespaces cannot be made (not root, no time
-# namespaces, no bridge) it says so in one line and exits 0; in CI (CI=true) that fails.
+# is 2 and 3). Every launch runs under `timeout`. The cluster (its namespaces, veths and bridge, and every
+# process in it) is taken down on exit, whatever happened. Where a node cannot be made (not root, no time
+# namespaces, no bridge, veth or tbf) it says so in one line and exits 0; in CI (CI=true) that fails.
 # Usage, from anywhere: bash .ci/cluster-check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,6 +51,9 @@ for tool in ip tc unshare nsenter timeout; do
 done
 unshare --net --uts --mount --ipc --pid --fork --mount-proc --time --monotonic 3600 true 2>/dev/null ||
     skip "this kernel or container cannot make the namespaces a node needs (unshare --net --uts --mount --ipc --pid --time)"
+unshare --net sh -c 'ip link add ck0 type bridge && ip link add ck1 type veth peer name ck2 &&
+    ip link set ck1 up && tc qdisc add dev ck1 root tbf rate 10mbit burst 32kb latency 100ms' 2>/dev/null ||
+    skip "no bridge, veth or tc tbf in this kernel or container"
 [[ -x .venv/bin/python ]] || fail "no .venv here: create it first (README.md, command 1)"
 
 T=$(mktemp -d /tmp/cluster-check.XXXXXX)
