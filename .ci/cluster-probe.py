@@ -9,6 +9,8 @@ subcommand each. Every one prints one line and exits non-zero when its claim doe
                                    (STATE/nI.monotonic) less rank 0's node's, within 1 ms
     complete RUN W ITERATIONS K    RUN ended with ITERATIONS on each of its W workers, as its last
                                    checkpoint says, each traced once, its ranks on K nodes
+    straggler RUN NODE             NODE's workers are RUN's stragglers: fewer iterations than any other
+                                   worker, each (median) at least twice as long
     eager                          (under mpiexec) MPICH's eager shared-memory cells are set on each rank
                                    as its node's rank count allows (env.prepare_rank_env), and MPI starts
     devices RUN DEVICES            each worker of RUN used the fake GPU of its node-local rank (modulo
@@ -127,6 +129,25 @@ def complete(run: str, workers: str, iterations: str, nodes: str) -> None:
     print(f"{run}: {n} iterations on each of {workers_} workers, every one traced once, ranks on {','.join(hosts)}")
 
 
+def straggler(run: str, node: str) -> None:
+    from ebsp_mpi.trace import read_run
+
+    stats = {}
+    for rank, t in sorted(read_run(run).items()):
+        if t.role == "worker":
+            its = t.table("iterations")
+            stats[rank] = (t.attrs["host"], len(its), float(np.median(its["t_end"] - its["t_start"])))
+    slow = [r for r, (h, _, _) in stats.items() if h == node]
+    fast = [r for r in stats if r not in slow]
+    assert slow and fast, f"{run}: workers on {node}: {slow}, elsewhere: {fast}"
+    for r in slow:
+        for f in fast:
+            assert stats[r][2] >= 2 * stats[f][2] and stats[r][1] < stats[f][1], \
+                f"{run}: rank {r} on {node} is no straggler beside rank {f}: {stats}"
+    print(f"{run}: " + ", ".join(f"rank {r} on {h} {n} iterations of {m * 1e3:.1f} ms (median)"
+                                 for r, (h, n, m) in stats.items()))
+
+
 def eager() -> None:
     import os
     import socket
@@ -174,7 +195,7 @@ if __name__ == "__main__":
     command, *args = sys.argv[1:]
     try:
         {"bandwidth": bandwidth, "oracle": oracle, "placement": placement, "clocks": clocks, "eager": eager,
-         "devices": devices, "cut": cut, "complete": complete}[command](*args)
+         "devices": devices, "cut": cut, "complete": complete, "straggler": straggler}[command](*args)
     except AssertionError as e:
         print(f"FAILED: {e}")
         sys.exit(1)
