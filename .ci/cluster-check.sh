@@ -21,7 +21,8 @@
 #      the host, a slurmd in each node (cluster.sh up --slurm). slurm/train.sbatch with sbatch -N 2 and
 #      -N 4 runs its 5 ranks on 2 and 4 nodes to the end; a USR1 preemption checkpoints and requeues the
 #      job, its nodes drained meanwhile, and it resumes on the other two and ends at the promised
-#      iterations, every worker's trace holding each iteration once;
+#      iterations, every worker's trace holding each iteration once; a sweep's job array of two members
+#      (one node each) runs them on different nodes;
 #   7. a link cut mid-run (ip link set VETH down): under ASP with a worker's node cut, and under BSP with
 #      the node of server 1 and a worker cut, the job ends within runtime.stall_timeout_s + 10 s with a
 #      non-zero exit, its output naming the ranks of that node (under BSP one of them: the worker there
@@ -269,6 +270,51 @@ elif [[ -n "$SLURM" ]]; then
     [[ "$(field "$job" NodeList)" != "$first" ]] || fail "job $job: resumed on its first nodes $first"
     line=$("$PY" "$PROBE" complete "$T/runs/preempt" 4 $n 2) || fail "$line"
     say "6. preemption: first on $first, USR1 -> checkpoint -> requeued -> resumed on $(field "$job" NodeList): ${line#*: } ($(( $(date +%s) - t )) s)"
+
+    # a sweep as a job array: its two members (3 ranks of 1 CPU, one node each, as the rendered script
+    # asks) start together and land on different nodes
+    t=$(date +%s)
+    cat > "$T/sweep.toml" <<TOML
+name = "check"
+seeds = [0]
+ranks = 3
+timeout_s = 120
+set = ["stop.iterations=40", "stop.epochs=0"]
+[[member]]
+name = "bsp"
+set = ["sync.model=bsp"]
+[[member]]
+name = "ssp"
+set = ["sync.model=ssp", "sync.staleness=2"]
+TOML
+    "$PY" -m ebsp_mpi sweep "$T/sweep.toml" --sbatch "$T/sweep.sbatch" --out "$T/runs/sweep" >/dev/null
+    array=$(sbatch --parsable --gpus=0 --cpus-per-task=1 -o "$T/logs/sweep-%a.out" -e "$T/logs/sweep-%a.err" \
+        "$T/sweep.sbatch")
+    for _ in $(seq 180); do [[ -z "$(squeue -h -j "$array" -o %i 2>/dev/null)" ]] && break; sleep 1; done
+    [[ -z "$(squeue -h -j "$array" -o %i 2>/dev/null)" ]] || fail "sweep $array still queued after 180 s"
+    for task in 0 1; do
+        [[ "$(state "${array}_$task")" == COMPLETED ]] || fail "sweep task ${array}_$task ended $(state "${array}_$task")"
+    done
+    line=$("$PY" - "$T/runs/sweep" 2>&1 <<'PYTHON'
+import json
+import sys
+from pathlib import Path
+
+from ebsp_mpi.trace import read_run
+
+out = Path(sys.argv[1])
+manifest = json.loads((out / "sweep.json").read_text())
+assert [m["status"] for m in manifest["members"]] == ["ok", "ok"], manifest["members"]
+nodes = {}
+for m in manifest["members"]:
+    hosts = {t.attrs["host"] for t in read_run(out / m["name"]).values()}
+    assert len(hosts) == 1, f"member {m['name']} on {sorted(hosts)}, not one node"
+    nodes[m["name"]] = hosts.pop()
+assert len(set(nodes.values())) == len(nodes), f"the members on the same node: {nodes}"
+print("members " + ", ".join(f"{k} on {v}" for k, v in nodes.items()))
+PYTHON
+) || fail "sweep: ${line##*$'\n'}"
+    say "6. sweep array of 2 members: $line ($(( $(date +%s) - t )) s)"
 else
     say "6. Slurm: skipped: no slurmctld, slurmd, munged and sbatch here (.ci/slurm-check.sh installs them)"
 fi
