@@ -29,13 +29,14 @@
 #
 # Links: `--rate R` (a tc rate: 100mbit) shapes every node's link both ways with tc tbf, `--rate-of
 # n2=10mbit` one node's; unshaped by default (netem is not in every kernel: delay is not emulated).
-# `down` kills each holder by its PID (which ends every process of the node: its PID namespace goes with
-# its PID 1), then removes the veths, namespaces and bridge; a failed `up` does the same before it exits.
+# `down` stops the Slurm daemons by their PIDs, kills each holder by its PID (which ends every process of
+# the node: its PID namespace goes with its PID 1), then removes the veths, namespaces and bridge; a
+# failed `up` does the same before it exits.
 #
 # Environment: CLUSTER_STATE (default /run/ebsp-cluster), CLUSTER_BRIDGE (ebspbr0), CLUSTER_SUBNET
 # (10.213.7: the first three bytes of a /24 no route of this host uses), CLUSTER_SHM (the size of each
 # node's /dev/shm, default 1g), CLUSTER_PREFIX (ebsp: the names PREFIX-nI of the network namespaces
-# and of the host's veth ends).
+# and of the host's veth ends), CLUSTER_SLURM_CPUS (the CPUs slurm.conf gives a node, default 4).
 set -euo pipefail
 
 STATE=${CLUSTER_STATE:-/run/ebsp-cluster}
