@@ -1,0 +1,364 @@
+#!/usr/bin/env bash
+# The project across nodes, on a virtual cluster of 4 nodes that .ci/cluster.sh makes of Linux namespaces
+# (each its own network on a bridge, hostname, /dev/shm, SysV IPC, PIDs and monotonic clock, hours apart).
+# About 2 minutes on 2 cores.
+# Jobs start from the host with Hydra's mpiexec, whose ssh launcher is the cluster's `enter` script; with
+# the .venv of the checkout (and .venv-openmpi for 5):
+#
+#   1. isolation: a node's link shaped to 100 Mbit/s (tc tbf) holds MPI between two nodes to it, and
+#      unshaped the same transfer runs at least 3 times as fast: every byte between nodes crosses the link;
+#   2. BSP across the 4 nodes equals the single-process oracle (<= 1e-5), with 1 server and with 2
+#      servers on different nodes, for the PS (dense) and the SFB layers; every rank ran where placed;
+#   3. clocks: in each run of 2, every rank's recorded clock offset is its node's monotonic offset less
+#      rank 0's node's, within 1 ms;
+#   4. per node: with a node's /dev/shm of 32 MiB, MPICH's eager cells are set on each rank by its node's
+#      rank count (3: they fit), not the world's (12: they would not); a worker's GPU is its node-local rank
+#      (tests/fakecupy as CuPy, 4 devices a node), the servers' none;
+#   5. Open MPI (the openmpi extra, its rsh agent the same enter script) across the nodes: 2's oracle;
+#  5b. a node's link at 10 Mbit/s: under ASP its worker is the straggler (fewer iterations than every
+#      other worker, each at least twice as long), and the run ends as asked;
+#   6. Slurm (where its daemons are installed; .ci/slurm-check.sh installs them): munged and slurmctld on
+#      the host, a slurmd in each node (cluster.sh up --slurm). slurm/train.sbatch with sbatch -N 2 and
+#      -N 4 runs its 5 ranks on 2 and 4 nodes to the end; a USR1 preemption checkpoints and requeues the
+#      job, its nodes drained meanwhile, and it resumes on the other two and ends at the promised
+#      iterations, every worker's trace holding each iteration once; a sweep's job array of two members
+#      (one node each) runs them on different nodes;
+#   7. a link cut mid-run (ip link set VETH down): under ASP with a worker's node cut, and under BSP with
+#      the node of server 1 and a worker cut, the job ends within runtime.stall_timeout_s + 10 s with a
+#      non-zero exit, its output naming the ranks of that node (under BSP one of them: the worker there
+#      is not named), and the cut node's own ranks end too (MPI_Abort is bounded: runtime/comm.py).
+#
+# CLUSTER_CHECKS="oracle cut" runs some of them only (isolation oracle pernode openmpi slow slurm cut;
+# oracle is 2 and 3, slow 5b). Every launch runs under `timeout`. The cluster (its namespaces, veths and bridge, and every
+# process in it) is taken down on exit, whatever happened. Where a node cannot be made (not root, no time
+# namespaces, no bridge, veth or tbf) it says so in one line and exits 0; in CI (CI=true) that fails.
+# Usage, from anywhere: bash .ci/cluster-check.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+START=$(date +%s)
+say() { echo "cluster-check [$(( $(date +%s) - START )) s]: $*"; }
+skip() {
+    [[ "${CI:-}" == true ]] && { say "FAILED: in CI, but $*" >&2; exit 1; }
+    say "skipped: $*"
+    exit 0
+}
+fail() { say "FAILED: $*" >&2; exit 1; }
+trap 'say "FAILED: line $LINENO: $BASH_COMMAND" >&2' ERR
+# want CHECK: CHECK is among $CLUSTER_CHECKS (default all: isolation oracle pernode openmpi slow slurm cut)
+want() { [[ " ${CLUSTER_CHECKS:-isolation oracle pernode openmpi slow slurm cut} " == *" $1 "* ]]; }
+
+[[ $(id -u) == 0 ]] || skip "needs root (it makes network, UTS, mount, IPC, PID and time namespaces)"
+for tool in ip tc unshare nsenter timeout; do
+    command -v $tool >/dev/null || skip "no $tool here"
+done
+unshare --net --uts --mount --ipc --pid --fork --mount-proc --time --monotonic 3600 true 2>/dev/null ||
+    skip "this kernel or container cannot make the namespaces a node needs (unshare --net --uts --mount --ipc --pid --time)"
+unshare --net sh -c 'ip link add ck0 type bridge && ip link add ck1 type veth peer name ck2 &&
+    ip link set ck1 up && tc qdisc add dev ck1 root tbf rate 10mbit burst 32kb latency 100ms' 2>/dev/null ||
+    skip "no bridge, veth or tc tbf in this kernel or container"
+[[ -x .venv/bin/python ]] || fail "no .venv here: create it first (README.md, command 1)"
+
+T=$(mktemp -d /tmp/cluster-check.XXXXXX)
+chmod 755 "$T"
+mkdir -p "$T/runs" "$T/logs"
+# names of its own, so that a cluster someone started by hand is left alone
+export CLUSTER_STATE=$T/cluster CLUSTER_BRIDGE=ebspchk0 CLUSTER_PREFIX=ebchk CLUSTER_SUBNET=${CLUSTER_SUBNET:-10.213.9}
+ENTER=$CLUSTER_STATE/enter
+PY=$REPO/.venv/bin/python
+PROBE=$REPO/.ci/cluster-probe.py
+stop() {
+    local code=$?
+    bash .ci/cluster.sh down || true
+    if (( code != 0 )); then
+        for log in "$T"/logs/*; do
+            [[ -s "$log" ]] && { echo "----- $log"; tail -n 20 "$log"; } >&2
+        done
+    fi
+    rm -rf "$T"
+    say "$( (( code == 0 )) && echo passed || echo failed) in $(( $(date +%s) - START )) s"
+}
+trap stop EXIT
+
+SLURM=
+if want slurm && command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null &&
+    command -v sbatch >/dev/null; then
+    SLURM=--slurm
+fi
+bash .ci/cluster.sh up 4 $SLURM > "$T/logs/up" 2>&1 || fail "the cluster did not come up: $(cat "$T/logs/up")"
+say "4 nodes up: $(cut -d' ' -f1,2,5,6 "$T/logs/up" | head -n 4 | paste -sd ';')"
+
+# mpirun LIMIT HOSTS RANKS [MPIEXEC FLAGS...] -- CMD...: Hydra's mpiexec from the host onto the nodes,
+# rank r on the r-th of HOSTS (a list, round robin)
+mpirun() {
+    local limit=$1 hosts=$2 ranks=$3 flags=()
+    shift 3
+    while [[ $# -gt 0 && "$1" != -- ]]; do flags+=("$1"); shift; done
+    shift
+    timeout -k 5 "$limit" .venv/bin/mpiexec -iface "$CLUSTER_BRIDGE" -launcher ssh -launcher-exec "$ENTER" \
+        -hosts "$hosts" ${flags[@]+"${flags[@]}"} -n "$ranks" "$@"
+}
+
+# train NAME LIMIT HOSTS RANKS [--set ...]: a training run across the nodes, in $T/runs/NAME
+train() {
+    local name=$1 limit=$2 hosts=$3 ranks=$4
+    shift 4
+    mpirun "$limit" "$hosts" "$ranks" -- "$PY" -m ebsp_mpi train -q --out "$T/runs/$name" "$@" \
+        > "$T/logs/$name" 2>&1 || fail "$name: exit $? ($(tail -n 3 "$T/logs/$name"))"
+}
+
+sets() { local o; for o in "$@"; do printf -- '--set\n%s\n' "$o"; done; }
+
+# -- 1. isolation ---------------------------------------------------------------------------------
+if want isolation; then
+t=$(date +%s)
+fast=$(mpirun 60 n1,n2 2 -- "$PY" "$PROBE" bandwidth 4000000 10) || fail "bandwidth n1 -> n2: $fast"
+bash .ci/cluster.sh shape n2 100mbit
+slow=$(mpirun 60 n1,n2 2 -- "$PY" "$PROBE" bandwidth 4000000 3) || fail "bandwidth n1 -> n2 shaped: $slow"
+bash .ci/cluster.sh shape n2 none
+"$PY" - "$fast" "$slow" <<'PYTHON' || fail "isolation: MPI between n1 and n2 at $fast Mbit/s unshaped, $slow Mbit/s with n2's link at 100 Mbit/s"
+import sys
+fast, slow = map(float, sys.argv[1:])
+assert slow <= 100 * 1.1, "faster than its link"
+assert fast >= 3 * slow, "unshaped no faster: the shaping is not what limits"
+PYTHON
+say "1. isolation: MPI n1 -> n2 at $fast Mbit/s, with n2's link shaped to 100 Mbit/s $slow Mbit/s ($(( $(date +%s) - t )) s)"
+fi
+
+# -- 2, 3. BSP against the oracle, clocks ----------------------------------------------------------
+t=$(date +%s)
+mapfile -t ORACLE < <(sets sync.model=bsp stop.iterations=40 optim.momentum=0.9 optim.weight_decay=5e-4 \
+    straggler.enabled=false)
+timeout 120 "$PY" -m ebsp_mpi train -q --out "$T/runs/oracle" "${ORACLE[@]}" --set sync.workers=4 \
+    > "$T/logs/oracle" 2>&1 || fail "the oracle: $(tail -n 3 "$T/logs/oracle")"
+if want oracle; then
+for wire in ps sfb; do
+    if [[ $wire == ps ]]; then WIRE=(--set runtime.chunk_bytes=4096); else WIRE=(--set comm.hybrid=sfb); fi
+    # 1 server: rank 0 on n1, workers on n2, n3, n4, n1
+    train "bsp-$wire-1" 120 n1,n2,n3,n4 5 "${ORACLE[@]}" "${WIRE[@]}"
+    "$PY" "$PROBE" placement "$T/runs/bsp-$wire-1" n1,n2,n3,n4,n1 >/dev/null || fail "$("$PY" "$PROBE" placement "$T/runs/bsp-$wire-1" n1,n2,n3,n4,n1)"
+    # 2 servers on n1 and n2, workers on n3, n4, n1, n2
+    train "bsp-$wire-2" 120 n1,n2,n3,n4 6 "${ORACLE[@]}" "${WIRE[@]}" --set runtime.servers=2
+    "$PY" "$PROBE" placement "$T/runs/bsp-$wire-2" n1,n2,n3,n4,n1,n2 >/dev/null || fail "$("$PY" "$PROBE" placement "$T/runs/bsp-$wire-2" n1,n2,n3,n4,n1,n2)"
+    for servers in 1 2; do
+        line=$("$PY" "$PROBE" oracle "$T/runs/bsp-$wire-$servers" "$T/runs/oracle") || fail "$line"
+        say "2. BSP $wire, $servers server(s) across n1..n4: ${line#*: }"
+    done
+done
+say "2. BSP against the oracle: 4 runs across the nodes ($(( $(date +%s) - t )) s)"
+t=$(date +%s)
+for run in bsp-ps-1 bsp-ps-2 bsp-sfb-1 bsp-sfb-2; do
+    line=$("$PY" "$PROBE" clocks "$T/runs/$run" "$CLUSTER_STATE") || fail "$line"
+done
+say "3. clocks: ${line#*: } (and alike in the 3 other runs; $(( $(date +%s) - t )) s)"
+fi
+
+# -- 4. per node: eager cells, GPUs ----------------------------------------------------------------
+if want pernode; then
+t=$(date +%s)
+for node in n1 n2 n3 n4; do bash .ci/cluster.sh shm $node 32m; done
+line=$(mpirun 60 n1:3,n2:3,n3:3,n4:3 12 -- "$PY" "$PROBE" eager) || fail "eager cells: $line"
+[[ "$line" == *FAILED* ]] && fail "eager cells: $line"
+for node in n1 n2 n3 n4; do bash .ci/cluster.sh shm $node 1g; done
+say "4. per node: ${line}"
+# the servers (ranks 0, 1) and worker rank 2 on n1, worker ranks 3 and 4 on n2
+PYTHONPATH=$REPO/tests/fakecupy_path FAKECUPY_DEVICES=4 EBSP_BACKEND=cupy \
+    train gpu 120 n1:3,n2:2 5 $(sets stop.iterations=3 stop.epochs=0 runtime.servers=2)
+line=$("$PY" "$PROBE" devices "$T/runs/gpu" 4) || fail "$line"
+say "4. per node: ${line#*: } ($(( $(date +%s) - t )) s)"
+fi
+
+# -- 5. Open MPI across the nodes -----------------------------------------------------------------
+OPENMPI_VENV=${OPENMPI_VENV:-.venv-openmpi}
+if ! want openmpi; then
+    :
+elif [[ -x "$OPENMPI_VENV/bin/python" ]] && "$OPENMPI_VENV/bin/python" -c 'import mpi4py.MPI as M; assert "Open MPI" in M.Get_library_version()' 2>/dev/null; then
+    t=$(date +%s)
+    OPY=$(cd "$OPENMPI_VENV" && pwd)/bin/python
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout -k 5 180 "$OPENMPI_VENV/bin/mpiexec" \
+        --mca plm_rsh_agent "$ENTER" --host n1:2,n2:1,n3:1,n4:1 -n 5 \
+        "$OPY" -m ebsp_mpi train -q --out "$T/runs/openmpi" "${ORACLE[@]}" --set runtime.chunk_bytes=4096 \
+        > "$T/logs/openmpi" 2>&1 || fail "Open MPI across the nodes: exit $? ($(tail -n 5 "$T/logs/openmpi"))"
+    hosts=$("$PY" - "$T/runs/openmpi" <<'PYTHON'
+import sys
+from ebsp_mpi.trace import read_run
+print(",".join(t.attrs["host"] for _, t in sorted(read_run(sys.argv[1]).items())))
+PYTHON
+)
+    [[ "$hosts" == n1,n1,n2,n3,n4 ]] || fail "Open MPI: ranks on $hosts, not on n1,n1,n2,n3,n4"
+    line=$("$PY" "$PROBE" oracle "$T/runs/openmpi" "$T/runs/oracle") || fail "$line"
+    "$PY" "$PROBE" clocks "$T/runs/openmpi" "$CLUSTER_STATE" >/dev/null || fail "$("$PY" "$PROBE" clocks "$T/runs/openmpi" "$CLUSTER_STATE")"
+    say "5. Open MPI, ranks on $hosts: ${line#*: }, clocks as their nodes' ($(( $(date +%s) - t )) s)"
+else
+    say "5. Open MPI: skipped: no $OPENMPI_VENV with the openmpi extra"
+fi
+
+# -- 5b. a slow link: the straggler ----------------------------------------------------------------
+if want slow; then
+t=$(date +%s)
+bash .ci/cluster.sh shape n4 10mbit
+train slow 60 n1,n2,n3,n4 5 $(sets sync.model=asp stop.seconds=5 stop.epochs=0 straggler.enabled=false)
+bash .ci/cluster.sh shape n4 none
+line=$("$PY" "$PROBE" straggler "$T/runs/slow" n4) || fail "$line"
+say "5b. n4's link at 10 Mbit/s, ASP for 5 s: ${line#*: } ($(( $(date +%s) - t )) s)"
+fi
+
+# -- 6. Slurm across the nodes ---------------------------------------------------------------------
+state() { scontrol show job "$1" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | head -n 1 | cut -d= -f2; }
+field() { scontrol show job "$1" 2>/dev/null | grep -oE "(^| )$2=[^ ]*" | head -n 1 | cut -d= -f2; }  # not ReqNodeList
+# wait_job JOB SECONDS: until JOB has left the queue; a requeued job is started once it has been pending
+# for 4 s (Slurm would hold it two minutes; .ci/slurm-check.sh, kick)
+wait_job() {
+    local job=$1 limit=$2 t=0 since=
+    while [[ -n "$(squeue -h -j "$job" -o %i 2>/dev/null)" ]]; do
+        if [[ "$(state "$job")" == PENDING && "$(field "$job" Restarts)" != 0 ]]; then
+            : "${since:=$t}"
+            if (( t - since >= 4 )); then
+                scontrol release "$job" 2>/dev/null || true
+                scontrol update JobId="$job" StartTime=now 2>/dev/null || true
+            fi
+        else
+            since=
+        fi
+        sleep 1
+        t=$((t + 1))
+        (( t < limit )) || fail "job $job still queued after $limit s: $(squeue -h -j "$job")"
+    done
+    [[ "$(state "$job")" == COMPLETED && "$(field "$job" ExitCode)" == 0:0 ]] ||
+        fail "job $job ended $(state "$job"), exit code $(field "$job" ExitCode)"
+}
+# sbatch_train NAME NODES [SBATCH OPTIONS] -- [TRAIN ARGUMENTS]: slurm/train.sbatch on NODES nodes, 5 ranks
+sbatch_train() {
+    local name=$1 nodes=$2 opts=()
+    shift 2
+    while [[ $# -gt 0 && "$1" != -- ]]; do opts+=("$1"); shift; done
+    shift
+    OUT=$T/runs/$name sbatch --parsable -N "$nodes" --ntasks=5 --cpus-per-task=1 --gpus=0 --job-name="$name" \
+        -o "$T/logs/$name.out" -e "$T/logs/$name.err" ${opts[@]+"${opts[@]}"} slurm/train.sbatch "$@"
+}
+if ! want slurm; then
+    :
+elif [[ -n "$SLURM" ]]; then
+    # shellcheck disable=SC1091
+    source "$CLUSTER_STATE/slurm.env"
+    for nodes in 2 4; do
+        t=$(date +%s)
+        job=$(CHECKPOINT_SECONDS= sbatch_train "sbatch-$nodes" $nodes -- $(sets stop.iterations=40 stop.epochs=0))
+        wait_job "$job" 240
+        line=$("$PY" "$PROBE" complete "$T/runs/sbatch-$nodes" 4 40 $nodes) || fail "$line"
+        say "6. sbatch -N $nodes slurm/train.sbatch: ${line#*: } ($(( $(date +%s) - t )) s)"
+    done
+
+    # a preemption: USR1 to the batch script checkpoints and requeues the job; its nodes drained meanwhile,
+    # it resumes on the other two
+    t=$(date +%s)
+    n=240
+    job=$(CHECKPOINT_SECONDS=2 sbatch_train preempt 2 -- $(sets stop.iterations=$n stop.epochs=0 straggler.base_s=0.05))
+    for _ in $(seq 240); do grep -q "checkpoint at" "$T/logs/preempt.err" 2>/dev/null && break; sleep 1; done
+    grep -q "checkpoint at" "$T/logs/preempt.err" || fail "job $job: no checkpoint in 240 s"
+    first=$(field "$job" NodeList)
+    scontrol update NodeName="$first" State=DRAIN Reason=cluster-check
+    scancel --signal=USR1 --batch "$job"
+    for _ in $(seq 120); do [[ "$(state "$job")" == PENDING ]] && break; sleep 1; done
+    [[ "$(state "$job")" == PENDING ]] || fail "job $job not requeued after USR1: $(state "$job")"
+    wait_job "$job" 300
+    scontrol update NodeName="$first" State=RESUME || true  # drained above
+    mapfile -t starts < <(grep -o '^job [0-9]* (restart [0-9]*) on n[0-9]*' "$T/logs/preempt.out")
+    (( ${#starts[@]} == 2 )) || fail "job $job: started ${#starts[@]} times, not 2: ${starts[*]}"
+    [[ "${starts[1]##* on }" != "${starts[0]##* on }" ]] ||
+        fail "job $job: resumed on ${starts[1]##* on }, where it first ran"
+    [[ "$(field "$job" NodeList)" != "$first" ]] || fail "job $job: resumed on its first nodes $first"
+    line=$("$PY" "$PROBE" complete "$T/runs/preempt" 4 $n 2) || fail "$line"
+    say "6. preemption: first on $first, USR1 -> checkpoint -> requeued -> resumed on $(field "$job" NodeList): ${line#*: } ($(( $(date +%s) - t )) s)"
+
+    # a sweep as a job array: its two members (3 ranks of 1 CPU, one node each, as the rendered script
+    # asks) start together and land on different nodes
+    t=$(date +%s)
+    cat > "$T/sweep.toml" <<TOML
+name = "check"
+seeds = [0]
+ranks = 3
+timeout_s = 120
+set = ["stop.iterations=40", "stop.epochs=0"]
+[[member]]
+name = "bsp"
+set = ["sync.model=bsp"]
+[[member]]
+name = "ssp"
+set = ["sync.model=ssp", "sync.staleness=2"]
+TOML
+    "$PY" -m ebsp_mpi sweep "$T/sweep.toml" --sbatch "$T/sweep.sbatch" --out "$T/runs/sweep" >/dev/null
+    array=$(sbatch --parsable --gpus=0 --cpus-per-task=1 -o "$T/logs/sweep-%a.out" -e "$T/logs/sweep-%a.err" \
+        "$T/sweep.sbatch")
+    for _ in $(seq 180); do [[ -z "$(squeue -h -j "$array" -o %i 2>/dev/null)" ]] && break; sleep 1; done
+    [[ -z "$(squeue -h -j "$array" -o %i 2>/dev/null)" ]] || fail "sweep $array still queued after 180 s"
+    for task in 0 1; do
+        [[ "$(state "${array}_$task")" == COMPLETED ]] || fail "sweep task ${array}_$task ended $(state "${array}_$task")"
+    done
+    line=$("$PY" - "$T/runs/sweep" 2>&1 <<'PYTHON'
+import json
+import sys
+from pathlib import Path
+
+from ebsp_mpi.trace import read_run
+
+out = Path(sys.argv[1])
+manifest = json.loads((out / "sweep.json").read_text())
+assert [m["status"] for m in manifest["members"]] == ["ok", "ok"], manifest["members"]
+nodes = {}
+for m in manifest["members"]:
+    hosts = {t.attrs["host"] for t in read_run(out / m["name"]).values()}
+    assert len(hosts) == 1, f"member {m['name']} on {sorted(hosts)}, not one node"
+    nodes[m["name"]] = hosts.pop()
+assert len(set(nodes.values())) == len(nodes), f"the members on the same node: {nodes}"
+print("members " + ", ".join(f"{k} on {v}" for k, v in nodes.items()))
+PYTHON
+) || fail "sweep: ${line##*$'\n'}"
+    say "6. sweep array of 2 members: $line ($(( $(date +%s) - t )) s)"
+else
+    say "6. Slurm: skipped: no slurmctld, slurmd, munged and sbatch here (.ci/slurm-check.sh installs them)"
+fi
+
+# -- 7. a link cut mid-run --------------------------------------------------------------------------
+STALL=10
+# cut NAME NODE HOSTS RANKS all|any [--set ...]: start a 120-s run, cut NODE's link once every rank
+# trains, and time the job's end and that of NODE's own ranks; the output names all NODE's ranks (any: one)
+cut() {
+    local name=$1 node=$2 hosts=$3 ranks=$4 which=$5 pid cut_at ended gone code=0 last
+    shift 5
+    last=$T/runs/$name/trace/rank-$(printf %04d $((ranks - 1))).h5
+    mpirun $((STALL + 100)) "$hosts" "$ranks" -disable-auto-cleanup -- "$PY" -m ebsp_mpi train -q \
+        --out "$T/runs/$name" $(sets stop.seconds=120 stop.epochs=0 runtime.stall_timeout_s=$STALL \
+        straggler.base_s=0.01 trace.flush_seconds=0.2) "$@" > "$T/logs/$name" 2>&1 &
+    pid=$!
+    for _ in $(seq 120); do [[ -e "$last" ]] && break; sleep 0.5; done
+    [[ -e "$last" ]] || fail "$name: rank $((ranks - 1)) never started"
+    sleep 3
+    kill -0 $pid 2>/dev/null || fail "$name: the job ended before the cut: $(tail -n 3 "$T/logs/$name")"
+    ip link set "$CLUSTER_PREFIX-$node" down
+    cut_at=$(date +%s.%N)
+    wait $pid || code=$?
+    ended=$("$PY" -c "import sys, time; print(f'{time.time() - float(sys.argv[1]):.1f}')" "$cut_at")
+    (( code != 0 )) || fail "$name: exit 0 after $node's link was cut"
+    (( code != 124 && code != 137 )) || fail "$name: the job did not end by itself ($(( STALL + 100 )) s)"
+    "$PY" -c "import sys; sys.exit(float(sys.argv[1]) > float(sys.argv[2]))" "$ended" $((STALL + 10)) ||
+        fail "$name: the job ended $ended s after the cut, later than stall_timeout_s + 10 = $((STALL + 10)) s"
+    line=$("$PY" "$PROBE" cut "$T/runs/$name" "$node" "$T/logs/$name" "$which") || fail "$line"
+    for _ in $(seq 60); do
+        "$ENTER" "$node" 'pgrep -f "[e]bsp_mpi train" >/dev/null' || break
+        sleep 0.5
+    done
+    gone=$("$PY" -c "import sys, time; print(f'{time.time() - float(sys.argv[1]):.1f}')" "$cut_at")
+    ! "$ENTER" "$node" 'pgrep -f "[e]bsp_mpi train" >/dev/null' ||
+        fail "$name: $node's ranks still run $gone s after its link was cut"
+    ip link set "$CLUSTER_PREFIX-$node" up
+    say "7. $name: $node's link cut, the job ended $ended s later (exit $code), ${line#*: }; $node's own ranks gone $gone s after the cut"
+}
+if want cut; then
+t=$(date +%s)
+cut cut-asp n3 n1,n2,n3,n4 6 all --set sync.model=asp                                # n3: worker rank 2
+# n2 holds server 1 (rank 1) and worker rank 5. The ranks' watchdogs all fire at stall_timeout_s: the
+# first to abort is a worker naming both servers, or server 1 naming rank 0; rank 5 is not named
+cut cut-bsp-server n2 n1,n2,n3,n4 6 any --set sync.model=bsp --set runtime.servers=2
+say "7. link cuts ($(( $(date +%s) - t )) s)"
+fi

@@ -1,0 +1,201 @@
+"""What .ci/cluster-check.sh measures and asserts on the virtual cluster (.ci/cluster.sh), one
+subcommand each. Every one prints one line and exits non-zero when its claim does not hold.
+
+    bandwidth BYTES REPEATS        (under mpiexec, 2 ranks) rank 0 sends rank 1 BYTES, REPEATS times:
+                                   prints the rate in Mbit/s
+    oracle RUN ORACLE [TOL]        RUN's model equals ORACLE's within TOL (1e-5)
+    placement RUN HOST,HOST,...    rank r of RUN ran on the r-th host named (its traces' host)
+    clocks RUN STATE               every rank's recorded clock offset is its node's monotonic offset
+                                   (STATE/nI.monotonic) less rank 0's node's, within 1 ms
+    complete RUN W ITERATIONS K    RUN ended with ITERATIONS on each of its W workers, as its last
+                                   checkpoint says, each traced once, its ranks on K nodes
+    straggler RUN NODE             NODE's workers are RUN's stragglers: fewer iterations than any other
+                                   worker, each (median) at least twice as long
+    eager                          (under mpiexec) MPICH's eager shared-memory cells are set on each rank
+                                   as its node's rank count allows (env.prepare_rank_env), and MPI starts
+    devices RUN DEVICES            each worker of RUN used the fake GPU of its node-local rank (modulo
+                                   DEVICES), each server the CPU
+    cut RUN NODE LOG [any]               RUN ended after NODE's link was cut: LOG names every rank of NODE
+                                   (by its rank number; with any, one of them at least)
+"""
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def bandwidth(nbytes: str, repeats: str) -> None:
+    import time
+
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    buf = np.zeros(int(nbytes), dtype=np.uint8)
+    comm.Barrier()
+    t = time.perf_counter()
+    for _ in range(int(repeats)):
+        if comm.rank == 0:
+            comm.Send(buf, dest=1)
+        else:
+            comm.Recv(buf, source=0)
+    comm.Barrier()  # the last message is in when rank 1 enters the barrier
+    seconds = time.perf_counter() - t
+    if comm.rank == 0:
+        print(f"{int(nbytes) * int(repeats) * 8 / seconds / 1e6:.1f}")
+
+
+def max_abs_difference(a_dir: Path, b_dir: Path) -> float:
+    from ebsp_mpi.outputs import read_model
+
+    a, attrs_a = read_model(a_dir / "model.h5")
+    b, attrs_b = read_model(b_dir / "model.h5")
+    assert sorted(a) == sorted(b), f"tensors {sorted(a)} against {sorted(b)}"
+    assert attrs_a["version"] == attrs_b["version"], f"version {attrs_a['version']} against {attrs_b['version']}"
+    return max(float(np.abs(a[k] - b[k]).max()) for k in a)
+
+
+def oracle(run: str, ref: str, tol: str = "1e-5") -> None:
+    d = max_abs_difference(Path(run), Path(ref))
+    assert d <= float(tol), f"{run}: the model differs from the oracle's by {d:.3g} > {tol}"
+    print(f"{run}: max |model - oracle| = {d:.2g} <= {tol}")
+
+
+def hosts_of(run: str) -> dict[int, str]:
+    from ebsp_mpi.trace import read_run
+
+    return {rank: t.attrs["host"] for rank, t in read_run(run).items()}
+
+
+def placement(run: str, hosts: str) -> None:
+    want = hosts.split(",")
+    got = hosts_of(run)
+    assert [got.get(r) for r in range(len(want))] == want and len(got) == len(want), \
+        f"{run}: ranks on {[got[r] for r in sorted(got)]}, not {want}"
+    print(f"{run}: ranks 0..{len(want) - 1} on {','.join(want)}")
+
+
+def clocks(run: str, state: str) -> None:
+    from ebsp_mpi.trace import read_run
+
+    traces = read_run(run)
+    monotonic = {t.attrs["host"]: float(Path(state, f"{t.attrs['host']}.monotonic").read_text())
+                 for t in traces.values()}
+    zero = monotonic[traces[0].attrs["host"]]
+    worst, seen = 0.0, {}
+    for rank, t in sorted(traces.items()):
+        host, recorded = t.attrs["host"], float(t.attrs["clock_offset_s"])
+        expected = zero - monotonic[host]
+        error = abs(recorded - expected)
+        assert error <= 1e-3, (f"{run}: rank {rank} on {host} recorded a clock offset of {recorded:.6f} s, "
+                               f"its node's is {expected:.6f} s (off by {error * 1e3:.3f} ms)")
+        worst = max(worst, error)
+        seen[host] = recorded
+    assert len(set(monotonic.values())) == len(monotonic) > 1, f"{run}: the nodes' clocks {monotonic} not distinct"
+    print(f"{run}: clock offsets to rank 0 " + ", ".join(f"{h} {o:+.3f} s" for h, o in sorted(seen.items()))
+          + f"; worst error {worst * 1e6:.0f} us")
+
+
+def cut(run: str, node: str, log: str, which: str = "all") -> None:
+    ranks = sorted(r for r, h in hosts_of(run).items() if h == node)
+    assert ranks, f"{run}: no rank on {node} in the traces"
+    text = Path(log).read_text(errors="replace")
+    named = [r for r in ranks if re.search(rf"\brank {r}\b", text)]
+    if which == "all":
+        assert named == ranks, f"{log}: names ranks {named} of {node}'s {ranks}:\n{text[-2000:]}"
+    else:
+        assert named, f"{log}: names none of {node}'s ranks {ranks}:\n{text[-2000:]}"
+    print(f"{run}: the job's output names {node}'s rank(s) {', '.join(map(str, named))} of {ranks}")
+
+
+def complete(run: str, workers: str, iterations: str, nodes: str) -> None:
+    from ebsp_mpi.checkpoint import read_checkpoint
+    from ebsp_mpi.trace import read_run
+
+    workers_, n = int(workers), int(iterations)
+    summary = json.loads(Path(run, "summary.json").read_text())
+    done = [int(i) for i in read_checkpoint(run, arrays=False).iterations]
+    assert done == summary["iterations"] == [n] * workers_, \
+        f"{run}: the summary says {summary['iterations']}, the last checkpoint {done}, not {n} each"
+    traces = read_run(run)
+    assert sorted(traces) == list(range(workers_ + 1)), f"{run}: traces of ranks {sorted(traces)}"
+    for rank in range(1, workers_ + 1):
+        its = np.sort(traces[rank].table("iterations")["iteration"])
+        assert np.array_equal(its, np.arange(n)), f"{run}: rank {rank}: {len(its)} iterations traced, not 0..{n - 1}"
+    hosts = sorted({t.attrs["host"] for t in traces.values()})
+    assert len(hosts) == int(nodes), f"{run}: ranks on {hosts}, not on {nodes} nodes"
+    print(f"{run}: {n} iterations on each of {workers_} workers, every one traced once, ranks on {','.join(hosts)}")
+
+
+def straggler(run: str, node: str) -> None:
+    from ebsp_mpi.trace import read_run
+
+    stats = {}
+    for rank, t in sorted(read_run(run).items()):
+        if t.role == "worker":
+            its = t.table("iterations")
+            stats[rank] = (t.attrs["host"], len(its), float(np.median(its["t_end"] - its["t_start"])))
+    slow = [r for r, (h, _, _) in stats.items() if h == node]
+    fast = [r for r in stats if r not in slow]
+    assert slow and fast, f"{run}: workers on {node}: {slow}, elsewhere: {fast}"
+    for r in slow:
+        for f in fast:
+            assert stats[r][2] >= 2 * stats[f][2] and stats[r][1] < stats[f][1], \
+                f"{run}: rank {r} on {node} is no straggler beside rank {f}: {stats}"
+    print(f"{run}: " + ", ".join(f"rank {r} on {h} {n} iterations of {m * 1e3:.1f} ms (median)"
+                                 for r, (h, n, m) in stats.items()))
+
+
+def eager() -> None:
+    import os
+    import socket
+
+    from ebsp_mpi.runtime.env import MPICH_SHM_VARS, SHM_BYTES_PER_RANK, local_ranks, prepare_rank_env, shm_room
+
+    prepare_rank_env()  # as cli.main does, before MPI starts
+    mine = (socket.gethostname(), local_ranks(), all(os.environ.get(k) == v for k, v in MPICH_SHM_VARS.items()),
+            shm_room())
+    from mpi4py import MPI  # MPI_Init, with the cells set or not
+
+    ranks = MPI.COMM_WORLD.gather(mine, root=0)
+    if MPI.COMM_WORLD.rank != 0:
+        return
+    per_node = {}
+    for host, *_ in ranks:
+        per_node[host] = per_node.get(host, 0) + 1
+    room = min(r[3] for r in ranks)
+    assert len(ranks) * SHM_BYTES_PER_RANK > room, f"the world's ranks fit {room / 2**20:.0f} MiB: no test"
+    for rank, (host, local, cells, _) in enumerate(ranks):
+        assert local == per_node[host], f"rank {rank} on {host} counts {local} ranks there, not {per_node[host]}"
+        fits = local * SHM_BYTES_PER_RANK <= room
+        assert cells == fits, f"rank {rank} on {host}: eager cells {'set' if cells else 'not set'} with {local} ranks"
+    print(f"eager cells set on all {len(ranks)} ranks, {max(per_node.values())} a node, in room for "
+          f"{room / 2**20:.0f} MiB (half of a node's /dev/shm; the world's {len(ranks)} would not fit)")
+
+
+def devices(run: str, count: str) -> None:
+    from ebsp_mpi.trace import read_run
+
+    traces = read_run(run)
+    seen: dict[str, int] = {}
+    used = []
+    for rank, t in sorted(traces.items()):
+        host, device = t.attrs["host"], t.attrs["device"]
+        local = seen.get(host, 0)  # Hydra numbers a node's ranks in order: its local ranks
+        seen[host] = local + 1
+        want = "cpu" if t.role == "server" else f"cupy:{local % int(count)} "
+        assert device.startswith(want), f"{run}: rank {rank} ({t.role}, local rank {local} on {host}) on {device!r}"
+        used.append(f"{rank}:{host}/{device.split()[0]}")
+    print(f"{run}: devices by node-local rank: {', '.join(used)}")
+
+
+if __name__ == "__main__":
+    command, *args = sys.argv[1:]
+    try:
+        {"bandwidth": bandwidth, "oracle": oracle, "placement": placement, "clocks": clocks, "eager": eager,
+         "devices": devices, "cut": cut, "complete": complete, "straggler": straggler}[command](*args)
+    except AssertionError as e:
+        print(f"FAILED: {e}")
+        sys.exit(1)
