@@ -20,7 +20,7 @@ import numpy as np
 from . import __version__
 from .config import to_dict
 from .errors import OutputError, UsageError
-from .safe_text import clean_text, clean_tree
+from .safe_text import clean_text, clean_tree, path_label
 
 
 #: the file in a run directory that the run holds locked while it writes there
@@ -29,7 +29,8 @@ _held_locks: list = []  # open lock files: the kernel drops a lock when its proc
 
 
 def make_run_dir(out: str | None, name: str, resume: bool = False) -> Path:
-    """``out`` if given, else ``runs/<name>-<UTC timestamp>``; created, never overwritten silently.
+    """``out`` if given, else ``runs/<name>-<UTC timestamp>`` (the name as a label,
+    ``safe_text.path_label``); created, never overwritten silently.
 
     The run holds an exclusive lock on ``DIR/.lock`` (``flock``) for as long as its process lives, so
     a second run given the same directory at the same time is refused, not interleaved with the first;
@@ -44,7 +45,7 @@ def make_run_dir(out: str | None, name: str, resume: bool = False) -> Path:
         The directory cannot be created or written (a path under a file, no permission, a read-only
         file system).
     """
-    path = Path(out) if out else Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    path = Path(out) if out else Path("runs") / f"{path_label(name)}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     if resume and not path.is_dir():
         raise UsageError(f"--resume {path}: not a run directory")
     if path.exists() and not path.is_dir():

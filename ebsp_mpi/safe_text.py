@@ -7,19 +7,41 @@ refuses in a string attribute (``VLEN strings do not support embedded NULLs``); 
 name may hold bytes that are not UTF-8 (Python carries them as lone surrogates, which HDF5 cannot
 encode and strict JSON readers refuse); and one runaway value (a file read where a name was meant)
 would be copied whole into every rank's trace. :func:`clean_text` is the one rule for all of them, and
-every such output passes its strings through it (:func:`clean_tree` for nested values). Standard
-library only.
+every such output passes its strings through it (:func:`clean_tree` for nested values).
+
+Values read from outside go through one strict rule each, here too: :func:`ascii_digits` for a count
+or a rank in an environment variable or option (``str.isdigit`` accepts ``'²'``, which ``int`` then
+refuses with a traceback), and :func:`path_label` for a job name that becomes part of a file name.
+Standard library only.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
 #: Characters of one string kept in an output; the rest is replaced by a note of how many there were.
 #: Longer than any path (Linux's PATH_MAX is 4096 bytes) or any library's version line.
 MAX_CHARS = 8192
+#: characters of a job name kept in a run directory's default name (with its timestamp, well under the
+#: 255 bytes a file name may have)
+LABEL_CHARS = 64
+
+
+def ascii_digits(text: str) -> bool:
+    """True when `text` is one or more ASCII digits 0-9, the only digits a count or rank is read from."""
+    return text.isascii() and text.isdigit()
+
+
+def path_label(name: str) -> str:
+    """`name` (a job's ``name``: a label) as a part of a file name: letters, digits, ``.``, ``_`` and
+    ``-`` kept, any run of other characters (``/``, NUL, spaces, non-ASCII) one ``_``, at most
+    :data:`LABEL_CHARS` characters, never empty or a dot alone; it cannot leave the directory it is
+    put in, nor be refused by a file system."""
+    label = re.sub(r"[^A-Za-z0-9._-]+", "_", name)[:LABEL_CHARS].strip("_")
+    return label if label.strip(".") else "run"
 
 
 def clean_text(value: str | bytes, limit: int = MAX_CHARS) -> str:

@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 from .errors import UsageError
+from .safe_text import ascii_digits
 
 #: environment variable that names the plugin and skips the detection
 SRUN_MPI_ENV = "SRUN_MPI"
@@ -91,7 +92,7 @@ def stale_segments(job_id: str, shm_dir: str | os.PathLike = "/dev/shm", steps=S
         for prefix in MPICH_SEGMENT_PREFIXES:
             if path.name.startswith(prefix):
                 world, _, node = path.name[len(prefix):].rpartition("_")
-                if world in ids and node.isdigit():
+                if world in ids and ascii_digits(node):
                     found.append(path)
     return found
 

@@ -321,6 +321,16 @@ def test_train_runs_mpi_and_the_single_process_trainer_on_the_same_job(tmp_path)
     assert "PyTorch left out: --no-ddp" in out
 
 
+@pytest.mark.parametrize("timeout, says", [("0", "--timeout 0: must be"), ("-5", "--timeout -5: must be"),
+                                           ("nan", "--timeout nan: must be"),
+                                           ("0.01", "did not finish within --timeout 0.01 s")])
+def test_train_refuses_a_timeout_it_cannot_keep_in_one_line(timeout, says):
+    p = subprocess.run([sys.executable, "-m", "ebsp_mpi", "bench", "train", "--sizes", "small", "--models", "bsp",
+                        "--workers", "1", "--reps", "1", "--no-ddp", "--timeout", timeout],
+                       capture_output=True, text=True, timeout=120, env=child_env())
+    assert p.returncode == 2 and says in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
 def test_train_refuses_an_unknown_size_in_one_line():
     p = subprocess.run([sys.executable, "-m", "ebsp_mpi", "bench", "train", "--sizes", "huge"],
                        capture_output=True, text=True, timeout=60, env=child_env())

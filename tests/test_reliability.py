@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from mpirun import child_env, dead_rank_named, local, signal_until_named, train, train_cmd, watchdog_flags
+from mpirun import (child_env, dead_rank_named, local, mpiexec, signal_until_named, train, train_cmd,
+                    watchdog_flags)
+
+from ebsp_mpi.runtime.env import launch_command
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -64,6 +67,8 @@ def test_an_unusable_out_is_one_line_and_exit_2(kind, ranks, tmp_path):
     ("one:5", "expected RANK:WHEN"),
     ("1:5:explode", "expected RANK:WHEN"),
     ("7:5", "rank 7 does not exist; this job has ranks 0..2"),
+    ("\u00b2:3", "expected RANK:WHEN"),  # a superscript two: str.isdigit says yes, int() refuses it
+    ("1:\u0663", "expected RANK:WHEN"),  # an Arabic-Indic three
 ])
 @pytest.mark.parametrize("ranks", [1, 3])
 def test_a_bad_fault_spec_is_one_line_and_exit_2(spec, message, ranks, tmp_path):
@@ -200,3 +205,21 @@ def test_removing_an_unused_run_directory_lets_go_of_its_lock(tmp_path):
     assert len(held) == 1 and not held[0].closed
     outputs.remove_if_unused(run)
     assert not run.exists() and held[0].closed and held[0] not in outputs._held_locks
+
+
+@pytest.mark.parametrize("name", ["a\\u0000b", "n" * 300, "../../outside"])
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_a_job_name_is_a_label_for_the_default_run_directory(name, ranks, tmp_path):
+    """Without --out the run goes to runs/<name>-<timestamp> in the working directory: a name with a
+    NUL, one longer than a file name may be, or one with path separators still makes a directory
+    there (it hung under mpiexec, or failed with a traceback, before)."""
+    job = tmp_path / "job.toml"
+    job.write_text(f'name = "{name}"\n[stop]\niterations = 5\nepochs = 0\n')
+    cmd = [sys.executable, "-m", "ebsp_mpi", "train", "-q", str(job)]
+    if ranks > 1:
+        cmd = [*launch_command(mpiexec(), ranks), *cmd]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=child_env(), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    made = list((tmp_path / "runs").iterdir())
+    assert len(made) == 1 and (made[0] / "summary.json").is_file(), made
+    assert not (tmp_path.parent / "outside").exists()

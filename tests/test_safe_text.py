@@ -10,7 +10,8 @@ import h5py
 import pytest
 
 from ebsp_mpi.outputs import read_model, write_model, write_summary
-from ebsp_mpi.safe_text import MAX_CHARS, clean_text, clean_tree
+from ebsp_mpi.runtime.env import local_ranks, rank_from_env, world_size_from_env
+from ebsp_mpi.safe_text import LABEL_CHARS, MAX_CHARS, ascii_digits, clean_text, clean_tree, path_label
 from ebsp_mpi.trace import read_run
 from ebsp_mpi.trace.writer import TraceWriter
 
@@ -81,3 +82,30 @@ def test_h5py_alone_refuses_these_values(value, error, tmp_path):
     string does not: HDF5 keeps it in its global heap; it is cut only to keep outputs small.)"""
     with h5py.File(tmp_path / "f.h5", "w", libver=("earliest", "v108")) as f, pytest.raises(error):
         f.attrs["x"] = value
+
+
+def test_only_ascii_digits_are_digits():
+    assert ascii_digits("0") and ascii_digits("1234")
+    for text in ("", "\u00b2", "1\u00b2", "\u0663", "\uff11", "-1", "1.0", " 1", "1 "):
+        assert not ascii_digits(text), text
+
+
+def test_a_rank_or_size_in_superscript_digits_is_not_read_as_one():
+    assert rank_from_env({"PMI_RANK": "\u00b2"}) == 0
+    assert world_size_from_env({"PMI_SIZE": "\u00b2\u00b2"}) == 1
+    assert local_ranks({"MPI_LOCALNRANKS": "\u0663", "PMI_SIZE": "4"}) == 4
+
+
+@pytest.mark.parametrize("name, label", [
+    ("digits-mlp", "digits-mlp"),
+    ("a\0b", "a_b"),
+    ("../../etc/passwd", ".._.._etc_passwd"),
+    ("/abs/path", "abs_path"),
+    ("r\u00e9sultats 2", "r_sultats_2"),
+    ("..", "run"),
+    ("", "run"),
+    ("\0\0", "run"),
+])
+def test_a_job_name_becomes_a_label_that_stays_in_its_directory(name, label):
+    assert path_label(name) == label
+    assert path_label("x" * 300) == "x" * LABEL_CHARS

@@ -25,12 +25,15 @@ the median of the repetitions; ``--json`` writes each median with its reference.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
+import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -86,14 +89,37 @@ def _env(mpiexec: list[str] | None = None) -> dict:
     return launch_env(mpiexec, env) if mpiexec else env
 
 
-def _run_summary(cmd: list[str], timeout: float, env: dict) -> dict:
+def _run(cmd: list[str], timeout: float, env: dict, who: str) -> str:
+    """Run one trainer (`who` names it in errors); its standard output. The command and every process
+    it starts (mpiexec's ranks, DDP's spawned workers) are killed once `timeout` seconds have passed.
+
+    Raises
+    ------
+    UsageError
+        The run did not finish within ``--timeout`` (one line).
+    RuntimeError
+        It exited with an error (its last lines of standard error).
+    """
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise UsageError(f"bench train: {who} did not finish within --timeout {timeout:g} s; "
+                         f"give it longer") from None
+    if proc.returncode != 0:
+        raise RuntimeError(f"{who} exited {proc.returncode}:\n{err[-2000:]}")
+    return out
+
+
+def _run_summary(cmd: list[str], timeout: float, env: dict, who: str) -> dict:
     """Run one training command in a fresh run directory; its summary.json."""
     with tempfile.TemporaryDirectory(prefix="ebsp-bench-train-") as tmp:
         out = Path(tmp) / "run"
-        proc = subprocess.run([*cmd, "-q", "--out", str(out)], capture_output=True, text=True,
-                              timeout=timeout, env=env)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-2000:]}")
+        _run([*cmd, "-q", "--out", str(out)], timeout, env, who)
         return json.loads((out / "summary.json").read_text())
 
 
@@ -102,30 +128,27 @@ def mpi_run(mpiexec: list[str], workers: int, overrides: list[str], timeout: flo
     from ..runtime.env import launch_command
 
     cmd = [*launch_command(mpiexec, workers + 1), sys.executable, "-m", "ebsp_mpi", "train", *sets]
-    return _run_summary(cmd, timeout, _env(mpiexec))["samples_per_second"]
+    return _run_summary(cmd, timeout, _env(mpiexec), "the MPI run")["samples_per_second"]
 
 
 def single_run(workers: int, overrides: list[str], timeout: float) -> float:
     sets = [a for o in overrides + [f"sync.workers={workers}"] for a in ("--set", o)]
-    return _run_summary([sys.executable, "-m", "ebsp_mpi", "train", *sets], timeout, _env())["samples_per_second"]
+    return _run_summary([sys.executable, "-m", "ebsp_mpi", "train", *sets], timeout, _env(),
+                        "the single-process trainer")["samples_per_second"]
 
 
 def ddp_run(workers: int, overrides: list[str], timeout: float) -> float:
     sets = [a for o in overrides for a in ("--set", o)]
-    proc = subprocess.run([sys.executable, "-m", "ebsp_mpi.bench.ddp", "--workers", str(workers), *sets],
-                          capture_output=True, text=True, timeout=timeout, env=_env())
-    if proc.returncode != 0:
-        raise RuntimeError(f"the DDP peer exited {proc.returncode}:\n{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])["samples_per_second"]
+    out = _run([sys.executable, "-m", "ebsp_mpi.bench.ddp", "--workers", str(workers), *sets], timeout, _env(),
+               "the DDP peer")
+    return json.loads(out.strip().splitlines()[-1])["samples_per_second"]
 
 
 def torch_gpu_run(overrides: list[str], timeout: float) -> float:
     sets = [a for o in overrides for a in ("--set", o)]
-    proc = subprocess.run([sys.executable, "-m", "ebsp_mpi.bench.torch_peer", "--device", "cuda", *sets],
-                          capture_output=True, text=True, timeout=timeout, env=_env())
-    if proc.returncode != 0:
-        raise RuntimeError(f"the PyTorch peer exited {proc.returncode}:\n{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])["samples_per_second"]
+    out = _run([sys.executable, "-m", "ebsp_mpi.bench.torch_peer", "--device", "cuda", *sets], timeout, _env(),
+               "the PyTorch peer")
+    return json.loads(out.strip().splitlines()[-1])["samples_per_second"]
 
 
 def torch_missing(device: str) -> str:
@@ -187,9 +210,12 @@ def main(argv=None, records: list | None = None) -> int:
     args.sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [s for s in args.sizes if s not in SIZES]
-    if unknown or args.workers < 1 or args.reps < 1:
-        raise UsageError(f"bench train: --sizes takes {', '.join(SIZES)} (got {args.sizes}); "
-                         f"--workers and --reps at least 1")
+    if args.workers < 1 or args.reps < 1:
+        raise UsageError(f"bench train: --workers {args.workers}, --reps {args.reps}: each must be at least 1")
+    if unknown:
+        raise UsageError(f"bench train: --sizes takes {', '.join(SIZES)} (got {', '.join(map(repr, unknown))})")
+    if not (args.timeout > 0 and math.isfinite(args.timeout)):
+        raise UsageError(f"bench train: --timeout {args.timeout:g}: must be a number of seconds above 0")
     from ..config import load_job
     from ..runtime.env import find_mpiexec
 

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from ..errors import UsageError
+from ..safe_text import ascii_digits
 
 # MPICH/Hydra and Intel MPI, Open MPI, PMIx (Open MPI 5, Slurm --mpi=pmix), Slurm's srun
 _SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS")
@@ -38,7 +39,7 @@ def world_size_from_env(env=None) -> int:
         if var == "SLURM_NTASKS" and "SLURM_STEP_ID" not in env:
             continue
         value = env.get(var, "")
-        if value.isdigit() and int(value) > 1:
+        if ascii_digits(value) and int(value) > 1:
             return int(value)
     return 1
 
@@ -50,7 +51,7 @@ def rank_from_env(env=None) -> int:
         if var == "SLURM_PROCID" and "SLURM_STEP_ID" not in env:
             continue
         value = env.get(var, "")
-        if value.isdigit():
+        if ascii_digits(value):
             return int(value)
     return 0
 
@@ -126,11 +127,11 @@ def local_ranks(env=None) -> int:
     world size, which is never fewer."""
     env = os.environ if env is None else env
     for var in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"):
-        if env.get(var, "").isdigit():
+        if ascii_digits(env.get(var, "")):
             return int(env[var])
     per_node = env.get("SLURM_STEP_TASKS_PER_NODE", "") if "SLURM_STEP_ID" in env else ""
     counts = [part.split("(")[0] for part in per_node.split(",")]
-    if per_node and all(c.isdigit() for c in counts):
+    if per_node and all(ascii_digits(c) for c in counts):
         return max(int(c) for c in counts)
     return world_size_from_env(env)
 

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 
 from ..errors import UsageError
+from ..safe_text import ascii_digits
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ def parse_fault(spec: str, world_size: int) -> Fault | None:
     if not spec:
         return None
     parts = spec.split(":")
-    if len(parts) not in (2, 3) or not parts[0].isdigit() or not (parts[1].isdigit() or parts[1] in WORDS) or \
+    if len(parts) not in (2, 3) or not ascii_digits(parts[0]) or not (ascii_digits(parts[1]) or parts[1] in WORDS) or \
             (len(parts) == 3 and parts[2] not in MODES):
         raise UsageError(f"{FAULT_ENV} = {spec!r}: expected RANK:WHEN or RANK:WHEN:MODE (RANK and WHEN numbers, "
                          f"WHEN may be {', '.join(WORDS)}; MODE {', '.join(MODES)})")

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from ..runtime.env import find_mpiexec
+from ..safe_text import ascii_digits
 from .runner import default_out, plan, run_sweep, write_comparison, write_figures
 from .sbatch import render_sbatch
 from .spec import SweepError, check_members, load_sweep, resolve_ranks
@@ -43,7 +44,7 @@ def _seed_list(text: str) -> list[int]:
     seeds = []
     for part in text.split(","):
         lo, sep, hi = part.strip().partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
+        if not ascii_digits(lo) or (sep and not ascii_digits(hi)):
             raise argparse.ArgumentTypeError(f"{text!r}: expected seeds like 3-9 or 0,2,4")
         seeds += list(range(int(lo), int(hi) + 1)) if sep else [int(lo)]
     return seeds

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..config import load_job
 from ..runtime.env import cap_blas_threads, launch_command, launch_env
-from ..safe_text import clean_tree
+from ..safe_text import clean_tree, path_label
 from .spec import Member, Sweep
 
 MANIFEST = "sweep.json"
@@ -179,7 +179,7 @@ def plan(sweep: Sweep, ranks: int, out: Path, mpiexec: list[str], wrapper: list[
 
 
 def default_out(sweep: Sweep) -> Path:
-    return Path("runs") / f"sweep-{sweep.name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    return Path("runs") / f"sweep-{path_label(sweep.name)}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
 
 
 def run_sweep(sweep: Sweep, ranks: int, out: Path, mpiexec: list[str], *, wrapper: list[str] = (),
