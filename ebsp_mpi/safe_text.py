@@ -44,13 +44,14 @@ def path_label(name: str) -> str:
     return label if label.strip(".") else "run"
 
 
-def clean_text(value: str | bytes, limit: int = MAX_CHARS) -> str:
+def clean_text(value: str | bytes, limit: int | None = MAX_CHARS) -> str:
     """`value` as a string that HDF5 and strict JSON accept, still readable:
 
     - NUL bytes at the end (a C string's terminator) are dropped; a NUL inside is written ``\\x00``;
     - bytes that are not UTF-8 (given as bytes, or carried in a ``str`` as lone surrogates, as Python
       decodes file names, ``argv`` and the environment) are written as ``\\xNN``;
-    - beyond `limit` characters the text is cut and ends with ``... [N more characters]``.
+    - beyond `limit` characters (None: no limit, for a whole file) the text is cut and ends with
+      ``... [N more characters]``.
 
     Text that is already clean comes back unchanged.
     """
@@ -63,7 +64,7 @@ def clean_text(value: str | bytes, limit: int = MAX_CHARS) -> str:
         except UnicodeEncodeError:  # a lone surrogate that no decoding made: keep its code point's bytes
             raw = text.encode("utf-8", "surrogatepass")
     text = raw.rstrip(b"\0").decode("utf-8", "backslashreplace").replace("\0", "\\x00")
-    if len(text) > limit:
+    if limit is not None and len(text) > limit:
         text = f"{text[:limit]}... [{len(text) - limit} more characters]"
     return text
 

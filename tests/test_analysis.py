@@ -927,3 +927,22 @@ def test_report_without_the_analysis_extra_says_what_to_install(tmp_path):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2, p.stderr
     assert p.stderr == 'ebsp_mpi: error: report needs pandas (the analysis extra): pip install -e ".[analysis]"\n'
+
+
+def test_report_and_compare_write_a_path_that_is_not_utf8_as_escapes(tmp_path):
+    """A run directory whose name is not UTF-8 (a Latin-1 é, as Python decodes it from the file
+    system) is read, reported and compared; every file written is UTF-8, the byte shown as ``\\xe9``
+    (``safe_text.clean_text``), as in the run's own outputs."""
+    run = Path(os.fsdecode(bytes(tmp_path) + b"/r\xe9sultat"))
+    make_run(run, "bsp", 0, speed=2.0)
+    report = write_report([run], tmp_path / "report")
+    assert report.files
+    for f in (tmp_path / "report").iterdir():
+        if f.suffix in (".md", ".csv"):
+            text = f.read_bytes().decode("utf-8")  # strict: a surrogate would have failed the write
+            if f.name in ("compare.md", "compare.csv", "summary.csv", "report.md"):
+                assert "r\\xe9sultat" in text, f.name
+    cmp = compare.compare(load_infos([run]))
+    written = compare.write(cmp, tmp_path / "cmp")
+    texts = {p.name: p.read_bytes().decode("utf-8") for p in written}
+    assert "r\\xe9sultat" in texts["compare.csv"] and "r\\xe9sultat" in texts["compare.md"], texts

@@ -24,6 +24,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..safe_text import clean_text
 from .runs import RunInfo, section
 
 INF = math.inf
@@ -288,7 +289,7 @@ def write(cmp: Comparison, out_dir: str | Path, stem: str = "compare") -> list[P
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     md = out / f"{stem}.md"
-    md.write_text(f"## Comparison of {len(cmp.runs)} run(s)\n\n" + to_markdown(cmp))
+    md.write_text(clean_text(f"## Comparison of {len(cmp.runs)} run(s)\n\n" + to_markdown(cmp), limit=None))
 
     per_run = out / f"{stem}.csv"
     with per_run.open("w", newline="") as f:
@@ -297,7 +298,8 @@ def write(cmp: Comparison, out_dir: str | Path, stem: str = "compare") -> list[P
                    + [c for t in cmp.targets for c in (f"time_to_{t:g}_s", f"ratio_to_reference_{t:g}")])
         for r in cmp.runs:
             i = r.info
-            w.writerow([i.path.name, str(i.path), i.label, i.model, _csv_value(i.seed), int(i.finished),
+            w.writerow([clean_text(i.path.name), clean_text(str(i.path)), clean_text(i.label), i.model,
+                        _csv_value(i.seed), int(i.finished),
                         _csv_value(r.final_accuracy), _csv_value(r.wall_seconds)]
                        + [_csv_value(x) for t in cmp.targets for x in (r.times[t], r.ratios[t])])
 
@@ -309,7 +311,8 @@ def write(cmp: Comparison, out_dir: str | Path, stem: str = "compare") -> list[P
                                                        f"median_ratio_to_reference_{t:g}",
                                                        f"ratios_to_reference_{t:g}")])
         for g in cmp.groups:
-            w.writerow([g.label, g.model, " ".join(map(str, g.seeds)), g.failed, _csv_value(g.final_accuracy)]
+            w.writerow([clean_text(g.label), g.model, " ".join(map(str, g.seeds)), g.failed,
+                        _csv_value(g.final_accuracy)]
                        + [x for t in cmp.targets for x in (
                            _csv_value(g.times[t]), g.reached[t], _csv_value(g.ratio[t]),
                            " ".join(_csv_value(v) or "nan" for v in g.seed_ratios[t]))])

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..safe_text import clean_text
 from ..trace.frames import load_run
 from ..trace.reader import TraceError
 from . import compare, figures
@@ -143,13 +144,13 @@ def write_report(paths: Iterable[str | os.PathLike], out: str | os.PathLike,
                          + (": " + "; ".join(problems) if problems else ""))
 
     table = summary_table(runs)
-    table.to_csv(out / "summary.csv", index=False)
-    (out / "summary.md").write_text(summary_markdown(table))
+    (out / "summary.csv").write_text(clean_text(table.to_csv(index=False), limit=None))
+    (out / "summary.md").write_text(clean_text(summary_markdown(table), limit=None))
     report.files += [out / "summary.csv", out / "summary.md"]
     zipline = spread_table(runs)
     if len(zipline):
-        zipline.to_csv(out / "zipline.csv", index=False)
-        (out / "zipline.md").write_text(summary_markdown(zipline))
+        (out / "zipline.csv").write_text(clean_text(zipline.to_csv(index=False), limit=None))
+        (out / "zipline.md").write_text(clean_text(summary_markdown(zipline), limit=None))
         report.files += [out / "zipline.csv", out / "zipline.md"]
 
     makers = {
@@ -189,5 +190,5 @@ def _write_page(report: Report, table, cmp: compare.Comparison, zipline) -> Path
         if name in report.titles:
             lines += [f"### {topic}", "", f"**{report.titles[name]}**", "", f"![{topic}]({name})", ""]
     path = report.out / "report.md"
-    path.write_text("\n".join(lines))
+    path.write_text(clean_text("\n".join(lines), limit=None))
     return path
