@@ -227,7 +227,8 @@ def _train(args) -> int:
         job = load_job(args.job, args.overrides)
         workers = check_workers(job, world_size)
         plan = read_osdp_plan(job)  # the one read of the plan file in this process: passed down from here
-    parse_fault(os.environ.get(FAULT_ENV, ""), world_size)  # a bad value is one line here, not a rank's crash
+    # a bad value is one line here, not a rank's crash
+    parse_fault(os.environ.get(FAULT_ENV, ""), world_size, job.runtime.servers)
     _check_on_demand_layers(job, plan, world_size)
     out = args.resume or args.out
     if world_size > 1:

@@ -82,6 +82,21 @@ def test_a_bad_fault_spec_is_one_line_and_exit_2(spec, message, ranks, tmp_path)
     assert message in p.stderr and p.stderr.count("ebsp_mpi: error") == 1, p.stderr
 
 
+@pytest.mark.parametrize("spec, ranks, message", [
+    ("0:flush", 3, "'flush' is a worker's moment, and rank 0 is a server"),
+    ("0:5", 1, "the single-process trainer has none"),
+])
+def test_a_fault_that_would_never_fire_is_refused_in_one_line(spec, ranks, message, tmp_path):
+    if ranks == 1:
+        p = subprocess.run([sys.executable, "-m", "ebsp_mpi", "train", "-q", "--out", str(tmp_path / "run")],
+                           capture_output=True, text=True, timeout=60, env={**child_env(), "EBSP_INJECT_FAULT": spec})
+    else:
+        p = train(ranks, tmp_path / "run", *SHORT, extra_env={"EBSP_INJECT_FAULT": spec}, timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert message in p.stderr and p.stderr.count("ebsp_mpi: error") == 1, p.stderr
+    assert not (tmp_path / "run").exists()
+
+
 # -- the server's failure paths ----------------------------------------------------------------------
 
 

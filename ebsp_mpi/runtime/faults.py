@@ -57,13 +57,14 @@ class Fault:
         raise RuntimeError(f"fault injected at {where} ({FAULT_ENV})")
 
 
-def parse_fault(spec: str, world_size: int) -> Fault | None:
+def parse_fault(spec: str, world_size: int, servers: int = 1) -> Fault | None:
     """The fault that `spec` (the variable's value) names, or None when it is empty.
 
     Raises
     ------
     UsageError
-        When `spec` is malformed or names a rank outside ``0..world_size-1``.
+        When `spec` is malformed, names a rank outside ``0..world_size-1``, or puts ``flush`` (a
+        worker's moment) on one of the `servers` server ranks of an MPI run, where it would never fire.
     """
     if not spec:
         return None
@@ -76,6 +77,12 @@ def parse_fault(spec: str, world_size: int) -> Fault | None:
     if rank >= world_size:
         raise UsageError(f"{FAULT_ENV} = {spec!r}: rank {rank} does not exist; this job has ranks "
                          f"0..{world_size - 1}")
+    if world_size == 1:
+        raise UsageError(f"{FAULT_ENV} = {spec!r}: a fault is injected into a rank of an MPI run, and the "
+                         f"single-process trainer has none; run it under mpiexec")
+    if parts[1] == "flush" and rank < servers:
+        raise UsageError(f"{FAULT_ENV} = {spec!r}: 'flush' is a worker's moment, and rank {rank} is a server "
+                         f"(ranks 0..{servers - 1}); it would never fire")
     return Fault(rank, parts[1] if parts[1] in WORDS else int(parts[1]), parts[2] if len(parts) == 3 else "raise")
 
 
