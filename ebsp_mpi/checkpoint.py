@@ -202,6 +202,31 @@ def resume_job(run_dir, job_file: str | None, overrides) -> tuple[JobConfig, Che
     return given, ckpt
 
 
+def check_traces_resumable(run_dir, job: JobConfig, workers: int, world_size: int) -> None:
+    """The traces a resumed run appends to must be whole, and every server's must be there: a server's
+    trace holds the pushes, barriers and evaluations before the checkpoint, and a new one would start
+    where the checkpoint is, with nothing naming the gap (a missing worker's trace is recorded as
+    ``lost_iterations`` instead, since its iterations are counted in the server's pushes). A file that
+    does not open would fail its rank's set-up with a traceback."""
+    if not job.trace.enabled:
+        return
+    from .trace.writer import trace_path
+
+    for rank in range(job.runtime.servers + workers):
+        path = trace_path(run_dir, rank)
+        if not path.exists():
+            if rank < job.runtime.servers and world_size > 1:  # the single-process trainer has no server
+                raise UsageError(f"--resume {run_dir}: the trace of server rank {rank}, {path}, is missing; it holds "
+                                 f"the run's pushes before the checkpoint: put it back, or start a new run")
+            continue
+        try:
+            with h5py.File(path, "r"):
+                pass
+        except OSError as e:
+            raise UsageError(f"--resume {run_dir}: the trace {path} does not open ({e}); put back a whole copy, "
+                             f"or remove it (a worker's: its iterations are recorded as lost)") from None
+
+
 def check_plan_unchanged(run_dir, ckpt: Checkpoint, sha256: str) -> None:
     """The OSDP plan file a resumed run reads (its SHA-256 now: `sha256`) must be the one the run
     trained with: the same path with other contents would place other layers on demand, or slice them

@@ -115,7 +115,7 @@ def _config(args) -> int:
 def _resumed_job(args, world_size: int):
     """The job of the run that ``--resume DIR`` continues, its workers (those of the checkpoint), and its
     OSDP plan as read (the one the run trained with)."""
-    from .checkpoint import check_plan_unchanged, resume_job
+    from .checkpoint import check_plan_unchanged, check_traces_resumable, resume_job
     from .run_description import read_osdp_plan
 
     if args.out:
@@ -137,6 +137,7 @@ def _resumed_job(args, world_size: int):
     left = work_left(job, ckpt)
     if left is not None:
         raise UsageError(f"--resume {args.resume}: nothing left to do: {left}; its files stay as they are")
+    check_traces_resumable(args.resume, job, workers, world_size)
     return job, workers, plan
 
 

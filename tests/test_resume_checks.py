@@ -84,7 +84,8 @@ def test_a_damaged_model_file_is_refused_when_read_back(tmp_path):
 
 def test_a_launch_of_the_wrong_size_names_the_world_size_with_the_runs_servers(tmp_path):
     """A run of 2 servers and 2 workers had world size 4, not 3 (the workers plus one)."""
-    write_checkpoint(tmp_path, checkpoint_of(["runtime.servers=2"], workers=2))
+    # no traces here: a run that wrote none (a resumed run checks the traces it would append to)
+    write_checkpoint(tmp_path, checkpoint_of(["runtime.servers=2", "trace.enabled=false"], workers=2))
     args = argparse.Namespace(resume=str(tmp_path), out=None, job=None, overrides=[])
     with pytest.raises(UsageError, match=r"the run had 2 workers, this launch has 3; .*world size 4 under MPI"):
         _resumed_job(args, 5)
@@ -140,6 +141,30 @@ def test_a_damaged_checkpoint_is_refused_instead_of_trained_on(finished, tmp_pat
     p = resume(3, run, "stop.iterations=20", timeout=120)
     assert p.returncode == 2 and p.stderr.count("ebsp_mpi: error") == 1, p.stderr
     assert "the array 'params' does not match the checksum" in p.stderr and "Traceback" not in p.stderr
+    assert files_of(run) == before
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("truncate server", "the trace {run}/trace/rank-0000.h5 does not open"),
+    ("truncate worker", "the trace {run}/trace/rank-0002.h5 does not open"),
+    ("delete server", "the trace of server rank 0, {run}/trace/rank-0000.h5, is missing"),
+])
+def test_a_damaged_or_missing_trace_is_refused_before_the_run_appends_to_it(finished, tmp_path, damage, message):
+    """A truncated trace failed its rank's set-up with a traceback; a deleted server trace was begun
+    anew, holding the pushes after the checkpoint alone with nothing naming the gap."""
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    how, who = damage.split()
+    path = run / "trace" / ("rank-0000.h5" if who == "server" else "rank-0002.h5")
+    if how == "truncate":
+        with open(path, "r+b") as f:
+            f.truncate(path.stat().st_size // 2)
+    else:
+        path.unlink()
+    before = files_of(run)
+    p = resume(3, run, "stop.iterations=20", timeout=120)
+    assert p.returncode == 2 and p.stderr.count("ebsp_mpi: error") == 1, p.stderr
+    assert message.format(run=run) in p.stderr and "Traceback" not in p.stderr, p.stderr
     assert files_of(run) == before
 
 

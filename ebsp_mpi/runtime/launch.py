@@ -29,7 +29,7 @@ import numpy as np
 from ..build import FROM_JOB
 from ..checkpoint import Checkpoint, read_checkpoint
 from ..config import JobConfig
-from ..errors import UsageError
+from ..errors import OutputError, UsageError
 from ..outputs import describe_run, make_run_dir, remove_if_unused, training_failed
 from ..run_description import describe, read_osdp_plan
 from . import comm as mpi
@@ -56,8 +56,12 @@ def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True, resume:
         if fault is not None and fault.due("setup"):
             fault.fire("set-up")
     except Exception as e:  # noqa: BLE001 - every rank reports its set-up outcome, whatever it was
-        error = (2, f"{e}") if isinstance(e, (UsageError, FileExistsError)) else \
-            (1, f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+        if isinstance(e, (UsageError, FileExistsError)):
+            error = (2, f"{e}")
+        elif isinstance(e, OutputError):  # a file of the run that cannot be written: one line too
+            error = (1, f"{e}")
+        else:
+            error = (1, f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
     code = _set_up_outcome(ctx, error, run_dir if not resume else None, job.runtime.setup_timeout_s)
     if code:
         return code
