@@ -406,7 +406,7 @@ def test_rows_a_kill_kept_from_the_file_are_recorded_as_lost_on_resume(tmp_path)
     """A worker's rows up to iteration 5 reached the file, but the checkpoint counted 9 iterations: the
     resume records 6-8 as lost (twice resumed: both gaps), and the reader names them, never a silent gap."""
     pytest.importorskip("pandas")
-    from ebsp_mpi.trace.frames import load_run
+    from ebsp_mpi.trace.frames import load_run, lost_iterations
 
     path = trace_path(tmp_path, 1)
     attrs = {"rank": 1, "role": "worker", "world_size": 2}
@@ -437,3 +437,5 @@ def test_rows_a_kill_kept_from_the_file_are_recorded_as_lost_on_resume(tmp_path)
         "this rank wrote them (the model has their work)",
         f"{path}: iterations 11-13 have no rows: the run was killed after its checkpoint counted them and before "
         "this rank wrote them (the model has their work)"]
+    # compare names them from the attributes alone (ebsp_mpi.analysis.cli.run_compare)
+    assert lost_iterations(tmp_path) == [p for p in problems if "have no rows" in p]

@@ -159,6 +159,7 @@ def run_compare(args) -> int:
         0; 1 when a run did not finish (as ``report``): its row says "failed" and why, and a
         ``compare: note:`` line names it.
     """
+    from ..trace.frames import lost_iterations
     from . import compare as comparison
     from .runs import load_infos
 
@@ -178,6 +179,9 @@ def run_compare(args) -> int:
     unfinished = [r.info for r in cmp.runs if not r.info.finished]
     for info in unfinished:
         print(f"compare: note: {info.problem}", file=sys.stderr)
+    for r in cmp.runs:  # a finished run whose traces miss iterations (killed between checkpoint and flush)
+        for note in lost_iterations(r.info.path):
+            print(f"compare: note: {note}", file=sys.stderr)
     return 1 if unfinished else 0
 
 

@@ -190,11 +190,32 @@ def _read_traces(run_dir: Path, problems: list) -> dict:
             problems.append(f"{run_dir / 'trace'}: no readable file for rank(s) "
                             f"{', '.join(map(str, missing))} of world size {world}")
     for rank in sorted(traces):
-        for first, last in traces[rank].attrs.get("lost_iterations") or ():
-            problems.append(f"{traces[rank].path}: iterations {first}-{last} have no rows: the run was killed "
-                            "after its checkpoint counted them and before this rank wrote them (the model has "
-                            "their work)")
+        problems.extend(lost_notes(traces[rank].path, traces[rank].attrs.get("lost_iterations")))
     return traces
+
+
+def lost_notes(path, lost) -> list[str]:
+    """One line per ``[first, last]`` range of iterations a trace at `path` records as lost."""
+    return [f"{path}: iterations {first}-{last} have no rows: the run was killed after its checkpoint counted "
+            "them and before this rank wrote them (the model has their work)" for first, last in (lost or ())]
+
+
+def lost_iterations(run_dir: str | os.PathLike) -> list[str]:
+    """:func:`lost_notes` of every rank trace of `run_dir`, from their attributes alone (a file that
+    does not open is left to the readers that report it)."""
+    import json
+
+    import h5py
+
+    notes = []
+    for path in sorted((Path(run_dir) / "trace").glob("rank-*.h5")):
+        try:
+            with h5py.File(path, "r") as f:
+                stored = f.attrs.get("lost_iterations_json")  # as TraceWriter.mark_lost writes it
+                notes += lost_notes(path, json.loads(stored) if stored is not None else None)
+        except (OSError, ValueError):  # a file that does not open, an attribute that is no JSON
+            continue
+    return notes
 
 
 def load_run(run_dir: str | os.PathLike) -> RunFrames:
