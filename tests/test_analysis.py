@@ -946,3 +946,22 @@ def test_report_and_compare_write_a_path_that_is_not_utf8_as_escapes(tmp_path):
     written = compare.write(cmp, tmp_path / "cmp")
     texts = {p.name: p.read_bytes().decode("utf-8") for p in written}
     assert "r\\xe9sultat" in texts["compare.csv"] and "r\\xe9sultat" in texts["compare.md"], texts
+
+
+def test_simulated_runs_are_marked_and_never_divided_by_a_live_runs_seconds(tmp_path):
+    """A simulated run counts virtual seconds: in one comparison with live runs its label says so, and
+    it has a ratio only to a reference on its own clock (it had one to the live BSP run before)."""
+    live_bsp, live_asp, sim_asp = tmp_path / "bsp", tmp_path / "asp", tmp_path / "asp-sim"
+    make_run(live_bsp, "bsp", 0, speed=20.0)
+    make_run(live_asp, "asp", 0, speed=40.0)
+    make_run(sim_asp, "asp", 0, speed=40.0)
+    doc = json.loads((sim_asp / "summary.json").read_text())
+    (sim_asp / "summary.json").write_text(json.dumps({**doc, "backend": "simulated"}))
+    cmp = compare.compare(load_infos([live_bsp, live_asp, sim_asp]))
+    by_path = {r.info.path.name: r for r in cmp.runs}
+    assert by_path["asp-sim"].info.label.endswith(" (simulated)") and by_path["asp-sim"].info.label != \
+        by_path["asp"].info.label
+    assert cmp.reference == "bsp"
+    assert all(x is None for x in by_path["asp-sim"].ratios.values())
+    assert any(x is not None for x in by_path["asp"].ratios.values())
+    assert "count virtual seconds" in compare.to_markdown(cmp)

@@ -104,7 +104,7 @@ def test_no_barrier_in_any_run_is_one_line_and_exit_code_2(sims, tmp_path, capsy
     common = script("common")
     assert common.main(waits.draw, waits.__doc__, "x.png", [str(sims / "asp"), "--out", str(tmp_path / "x.png")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.endswith("error: no barriers (BSP or ElasticBSP) in asp\n")
+    assert err.count("\n") == 1 and err.endswith("error: no barriers (BSP or ElasticBSP) in asp (simulated)\n")
     assert not (tmp_path / "x.png").exists()
 
 

@@ -150,10 +150,13 @@ def compare(infos: list[RunInfo], reference: str | None = None) -> Comparison:
     # a seed whose reference run crashed has no ratio: the median of the other seeds would hide it
     failed_seeds = {r.seed for r in infos if r.label == ref_label and not r.finished} - {r.seed for r in ref_runs}
 
+    # simulated runs count virtual seconds, live runs wall seconds: a ratio only within one clock
+    ref_simulated = ref_runs[0].simulated if ref_runs else None
     rows = []
     for info in infos:
         times = {t: _time(info, t) for t in targets}
-        ref = {t: None if info.seed in failed_seeds else ref_by_seed[t].get(info.seed, ref_median[t])
+        other_clock = ref_simulated is not None and info.simulated != ref_simulated
+        ref = {t: None if info.seed in failed_seeds or other_clock else ref_by_seed[t].get(info.seed, ref_median[t])
                for t in targets}
         s = info.summary
         rows.append(RunRow(info=info, final_accuracy=s.get("test_accuracy"), wall_seconds=s.get("wall_seconds"),
@@ -267,6 +270,10 @@ def _reference_notes(cmp: Comparison) -> list[str]:
              f"(below 1: faster than {cmp.reference}); ∞: this run never reached the target; "
              f"—: {cmp.reference} never reached it.")
     notes = [ratio]
+    kinds = {r.info.simulated for r in cmp.runs}
+    if len(kinds) > 1:
+        notes.append("Simulated runs (labels ending in (simulated)) count virtual seconds, live runs wall seconds: "
+                     f"only runs on the clock of {cmp.reference} have a ratio to it (—: the other clock).")
     for seed in cmp.failed_reference_seeds:
         notes.append(f"Seed {seed}: the {cmp.reference} run did not finish, so the runs of seed {seed} have no "
                      f"ratio (—), not one against a crashed run.")

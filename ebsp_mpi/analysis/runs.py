@@ -44,6 +44,9 @@ class RunInfo:
     problem : str or None
         Why the run counts as not finished (no directory, summary missing, unreadable or with a
         null ``wall_seconds``), naming the path; ``None`` for a finished run.
+    simulated : bool
+        A run of ``simulate`` (its summary's backend ``"simulated"``): its seconds are virtual, its
+        label ends in `` (simulated)``, and the comparison never divides it by a live run's seconds.
     """
 
     path: Path
@@ -53,6 +56,7 @@ class RunInfo:
     model: str = "?"
     seed: int | None = None
     problem: str | None = None
+    simulated: bool = False
 
     @property
     def finished(self) -> bool:
@@ -206,6 +210,10 @@ def _read_summary(run_dir: Path) -> tuple[dict, str | None]:
     return read_summary(run_dir)
 
 
+#: the backend a simulated run's summary names (``ebsp_mpi.sim.run``)
+SIMULATED = "simulated"
+
+
 def read_info(run_dir: str | os.PathLike) -> RunInfo:
     """Read a run's summary and name it; a run that did not finish gets a ``problem`` and no summary
     (its label and seed still come from the manifest or the job it ran)."""
@@ -220,8 +228,11 @@ def read_info(run_dir: str | os.PathLike) -> RunInfo:
     if seed is None:
         seed = _seed(config.get("seed"))
     label = group or (model_label(config) if config else run_dir.name)
+    simulated = doc.get("backend") == SIMULATED
+    if simulated:  # virtual seconds: never averaged with, nor divided by, a live run's wall seconds
+        label += " (simulated)"
     return RunInfo(path=run_dir, summary=summary, config=config, label=label, model=model, seed=seed,
-                   problem=problem)
+                   problem=problem, simulated=simulated)
 
 
 def model_rank(model: str) -> int:
