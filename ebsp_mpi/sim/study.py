@@ -4,7 +4,8 @@ A sweep file is the one ``sweep`` reads (:mod:`ebsp_mpi.sweep.spec`); each membe
 workers with ``sync.workers``. The output directory holds one run directory per member and the sweep
 manifest (``sweep.json``), so ``compare`` and ``report`` read it as a sweep, and:
 
-- ``scaling.csv``, ``scaling.md``: one row per member: model, workers, pushes, simulated seconds per
+- ``scaling.csv``, ``scaling.md``: one row per member: its status (``ok``, or ``diverged`` for a member
+  whose training diverged: the command then exits 1), model, workers, pushes, simulated seconds per
   1,000 pushes and against ASP at the same n (the time a model without waiting needs for as many
   pushes), the share of the workers' time spent waiting, staleness (mean, also divided by n: every
   push is a version, so staleness in versions grows with n; 99th percentile, max), and
