@@ -93,8 +93,9 @@ def test_evaluations_between_two_steps_evaluate_the_weights_once(tmp_path, monke
     assert summary["test_accuracy"] == summary["evals"][-1]["test_acc"]
 
 
-def test_evaluations_past_the_bound_are_refused_in_one_line(tmp_path, capsys):
-    line = one_line_error(capsys, ["simulate", "--train", "--iterations", "50", "--set", "eval.every_seconds=1e-9",
+@pytest.mark.parametrize("every", ["1e-9", "1e-320"])
+def test_evaluations_past_the_bound_are_refused_in_one_line(tmp_path, capsys, every):
+    line = one_line_error(capsys, ["simulate", "--train", "--iterations", "50", "--set", f"eval.every_seconds={every}",
                                    "--out", str(tmp_path / "out"), *SMALL])
     assert "eval.every_seconds" in line, line
     assert not (tmp_path / "out").exists()

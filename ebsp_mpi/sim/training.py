@@ -39,12 +39,13 @@ def check_evaluations(job: JobConfig, until: float) -> None:
     """Refuse, before the run, a time limit (``stop.seconds``) at which ``eval.every_seconds`` asks for
     more than :data:`MAX_EVALUATIONS`; a run stopped by its iterations is held to the bound as it goes."""
     every = job.eval.every_seconds
-    if every > 0 and until < np.inf and until / every >= MAX_EVALUATIONS:
+    if every > 0 and until < np.inf and not until / every < MAX_EVALUATIONS:
         raise _too_many(every, until / every, until)
 
 
 def _too_many(every: float, due: float, t: float) -> UsageError:
-    return UsageError(f"simulate --train: eval.every_seconds = {every:g} asks for {due:.0f} evaluations by "
+    many = f"{due:.0f} evaluations" if due < np.inf else "more evaluations than a float can count"
+    return UsageError(f"simulate --train: eval.every_seconds = {every:g} asks for {many} by "
                       f"{t:.6g} simulated s, more than {MAX_EVALUATIONS} (each a row of the trace and the summary); "
                       f"evaluate less often")
 
@@ -179,8 +180,8 @@ class EmulatedTrainer(Trainer):
         its time has been applied yet)."""
         if self.next_eval > t:
             return
-        due = len(self.evals) + int((t - self.next_eval) // self.every) + 1
-        if due > MAX_EVALUATIONS:
+        due = len(self.evals) + (t - self.next_eval) / self.every + 1  # a float: 1e-320 s gives inf
+        if not due <= MAX_EVALUATIONS:
             raise _too_many(self.every, due, t)
         while self.next_eval <= t:
             self._evaluate(self.next_eval)
