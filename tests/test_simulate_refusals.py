@@ -174,3 +174,18 @@ def test_a_sweep_refuses_a_members_evaluations_past_the_bound_before_the_first_r
     err = p.stderr.strip().splitlines()
     assert len(err) == 1 and "member 'b'" in err[0] and "eval.every_seconds" in err[0], p.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_sweep_member_refused_only_as_it_runs_undoes_the_whole_sweep(tmp_path):
+    """Stopped by iterations, a member's evaluations are counted as it runs: its refusal removes what
+    the sweep made, the members that ran before it included."""
+    sweep = tmp_path / "s.toml"
+    sweep.write_text('name = "s"\nset = ["trace.enabled=false", "stop.iterations=20", "sync.model=asp", '
+                     '"sync.workers=2"]\n'
+                     '[[member]]\nname = "a"\nset = []\n'
+                     '[[member]]\nname = "b"\nset = ["eval.every_seconds=1e-7"]\n')
+    p = run("simulate", "--sweep", str(sweep), "--train", "--out", str(tmp_path / "out"), "-q", timeout=120)
+    assert p.returncode == 2, p.stderr
+    err = p.stderr.strip().splitlines()
+    assert len(err) == 1 and "member 'b'" in err[0] and "eval.every_seconds" in err[0], p.stderr
+    assert not (tmp_path / "out").exists()

@@ -70,21 +70,28 @@ def run_sweep(path: str, out: str | None, show_progress: bool = True, train: boo
             raise SweepError(f"{sweep.path}: member {m.name!r}: {e}") from None
         jobs.append(job)
     out_dir = Path(out) if out else default_out(sweep)
+    made_out = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
-    outcomes = []
+    outcomes, made = [], []
     for i, (m, job) in enumerate(zip(sweep.members, jobs, strict=True)):
         command = [sys.executable, "-m", "ebsp_mpi", "simulate", *([base] if base else []), *(["--train"] * train),
                    *[a for o in m.overrides for a in ("--set", o)], "--out", str(out_dir / m.name), "-q"]
         outcome = Outcome(name=m.name, group=m.group, seed=m.seed, dir=m.name, command=command,
                           overrides=list(m.overrides))
         started = time.monotonic()
-        run_dir = make_run_dir(str(out_dir / m.name), job.name)
+        try:
+            run_dir = make_run_dir(str(out_dir / m.name), job.name)
+        except (UsageError, FileExistsError) as e:
+            _undo(out_dir, made_out, made)
+            raise SweepError(f"{sweep.path}: member {m.name!r}: {e}") from None
+        made.append(run_dir)
         try:
             summary = simulate_job(job, job.sync.workers, run_dir, show_progress=False, train=train)
-        except BaseException as e:
+        except UsageError as e:  # a refusal only the run could find (evaluations past the bound): undone whole
+            _undo(out_dir, made_out, made)
+            raise SweepError(f"{sweep.path}: member {m.name!r}: {e}") from None
+        except BaseException:
             remove_if_unused(run_dir)
-            if isinstance(e, UsageError):
-                raise SweepError(f"{sweep.path}: member {m.name!r}: {e}") from None
             raise
         release_lock(run_dir)
         failed = training_failed(summary) if train else None
@@ -106,6 +113,25 @@ def run_sweep(path: str, out: str | None, show_progress: bool = True, train: boo
         write_accuracy(out_dir)
         print(f"accuracy -> {out_dir} (accuracy.md, accuracy.csv, accuracy.png)")
     return out_dir
+
+
+def _undo(out_dir: Path, made_out: bool, made: list[Path]) -> None:
+    """A refused sweep leaves nothing: the directory it made, or in a directory that was there, the
+    member directories and the manifest it wrote."""
+    import shutil
+
+    from ..outputs import release_lock
+    from ..sweep.runner import MANIFEST
+
+    for run_dir in made:
+        release_lock(run_dir)
+    if made_out:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        return
+    for run_dir in made:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    if made:
+        (out_dir / MANIFEST).unlink(missing_ok=True)
 
 
 def sweep_failure(out_dir: Path) -> str | None:

@@ -16,6 +16,7 @@ sizes for the weights, plus one gradient per push not yet applied (BSP: a round'
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -44,7 +45,7 @@ def check_evaluations(job: JobConfig, until: float) -> None:
 
 
 def _too_many(every: float, due: float, t: float) -> UsageError:
-    many = f"{due:.0f} evaluations" if due < np.inf else "more evaluations than a float can count"
+    many = f"{math.ceil(due)} evaluations" if due < np.inf else "more evaluations than a float can count"
     return UsageError(f"simulate --train: eval.every_seconds = {every:g} asks for {many} by "
                       f"{t:.6g} simulated s, more than {MAX_EVALUATIONS} (each a row of the trace and the summary); "
                       f"evaluate less often")
