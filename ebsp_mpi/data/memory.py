@@ -1,4 +1,6 @@
-"""The machine's physical memory, to refuse a dataset or a model that cannot fit before allocating it.
+"""The memory a process may use, to refuse a dataset, a model or a simulation that cannot fit before
+allocating it: the machine's physical memory, or the process's address-space limit (``ulimit -v``,
+``RLIMIT_AS``) where that is lower.
 
 An allocation larger than the memory does not fail at once on Linux: pages are handed out as they are
 touched, so the process swaps or is killed by the OOM killer long after the cause (a label of 10**9,
@@ -20,10 +22,31 @@ def physical_memory() -> int | None:
         return None
 
 
+def address_space_limit() -> int | None:
+    """Bytes this process may map (``ulimit -v``), or None where there is no limit or no way to ask."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    except (ImportError, AttributeError, ValueError, OSError):
+        return None
+    return None if soft == resource.RLIM_INFINITY or soft <= 0 else int(soft)
+
+
+def _usable() -> tuple[int | None, str]:
+    """The bytes this process may use, and the phrase that names them."""
+    memory, limit = physical_memory(), address_space_limit()
+    if limit is not None and (memory is None or limit < memory):
+        return limit, f"this process's {format_bytes(limit)} address-space limit (ulimit -v)"
+    if memory is None:
+        return None, "this machine's physical memory"
+    return memory, f"this machine's {format_bytes(memory)} of physical memory"
+
+
 def exceeds_memory(nbytes: int) -> bool:
-    """Whether ``nbytes`` is more than the physical memory (False where it is unknown)."""
-    memory = physical_memory()
-    return memory is not None and nbytes > memory
+    """Whether ``nbytes`` is more than the memory this process may use (False where it is unknown)."""
+    usable, _ = _usable()
+    return usable is not None and nbytes > usable
 
 
 def format_bytes(nbytes: float) -> str:
@@ -37,7 +60,6 @@ def format_bytes(nbytes: float) -> str:
 
 
 def memory_phrase() -> str:
-    """``"this machine's 23.5 GiB of physical memory"`` for an error message."""
-    memory = physical_memory()
-    return "this machine's physical memory" if memory is None else \
-        f"this machine's {format_bytes(memory)} of physical memory"
+    """``"this machine's 23.5 GiB of physical memory"`` (or the address-space limit, where lower) for an
+    error message."""
+    return _usable()[1]

@@ -17,6 +17,8 @@ worker, or at ``stop.seconds``. The output is a run directory that ``report``, `
 from __future__ import annotations
 
 import argparse
+import shutil
+import sys
 from pathlib import Path
 
 from ..errors import UsageError
@@ -50,9 +52,12 @@ def main(args) -> int:
         if args.job or args.replay or args.overrides or args.workers is not None or args.iterations is not None:
             raise UsageError("simulate --sweep FILE: the sweep file names the jobs; give no JOB, --set, --workers, "
                              "--iterations or --replay")
-        from .study import run_sweep
+        from .study import run_sweep, sweep_failure
 
-        run_sweep(args.sweep, args.out, show_progress=not args.quiet, train=args.train)
+        failed = sweep_failure(run_sweep(args.sweep, args.out, show_progress=not args.quiet, train=args.train))
+        if failed:  # every member ran and is in the tables; as a live sweep, a failed one fails the command
+            print(f"ebsp_mpi: error: {failed}", file=sys.stderr)
+            return 1
         return 0
     if args.workers is not None and args.workers < 1:
         raise UsageError(f"--workers {args.workers}: needs at least 1 worker")
@@ -63,18 +68,29 @@ def main(args) -> int:
     # the run's job says how it ran (a replay of this run then runs the same)
     job.sync.workers = workers
 
-    from ..outputs import make_run_dir, release_lock, remove_if_unused
-    from .run import describe, simulate_job
+    from ..data.memory import memory_phrase
+    from ..outputs import make_run_dir, release_lock, remove_if_unused, training_failed
+    from .run import check_workers_fit, describe, simulate_job
 
+    check_workers_fit(job, workers, args.iterations, args.train)  # before the run directory: nothing to undo
     run_dir = make_run_dir(args.out, f"{job.name}-simulated")
     try:
         summary = simulate_job(job, workers, run_dir, replay=args.replay, iterations=args.iterations,
                                show_progress=not args.quiet, train=args.train)
-    except UsageError:
+    except MemoryError:  # past the estimate of check_workers_fit: the directory, empty when made, is this run's
+        release_lock(run_dir)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise UsageError(f"simulate with {workers} workers ran out of memory ({memory_phrase()}); simulate "
+                         "fewer workers or iterations") from None
+    except BaseException:  # a refusal, or anything else before the first file: no empty run directory left
         remove_if_unused(run_dir)
         raise
     release_lock(run_dir)
     print(describe(summary, run_dir))
+    failed = training_failed(summary) if args.train else None
+    if failed:  # the run went to its end, and its files stay: as a live run that diverged
+        print(f"ebsp_mpi: error: {failed}", file=sys.stderr)
+        return 1
     return 0
 
 

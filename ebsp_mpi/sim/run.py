@@ -20,6 +20,7 @@ would cost more than the simulation). Times are seconds since the simulated star
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
@@ -31,23 +32,32 @@ import numpy as np
 
 from .. import __version__
 from ..config import JobConfig, to_dict
+from ..data.memory import exceeds_memory, format_bytes, memory_phrase
 from ..errors import UsageError
 from ..outputs import AccuracyTargets, build_summary, write_model, write_summary
 from ..progress import Progress
 from ..straggler import straggler_model
 from ..sync.registry import make_policy
-from ..sync.simulate import ReplayMismatch, SimResult, simulate
+from ..sync.simulate import RecordingExhausted, ReplayMismatch, SimResult, simulate
 from ..trace.schema import (BARRIER_MEMBERS, BARRIERS, EVALS, ITERATIONS, PULLS, PUSHES, TABLES,
                             WORKER_ITERATIONS, WORKERS_FILE, ZIPLINE)
 from ..trace.writer import encode_attrs, trace_path, write_whole
 from ..run_description import describe as describe_run
 from .recorded import recorded_pushes
 from .restarts import simulate_resumed
-from .training import EmulatedTrainer
+from .training import EmulatedTrainer, check_evaluations
 from .workers import ModelWorkers, ReplayWorkers
 
 #: Workers above which the workers' iterations go into one file, not one file per rank.
 WORKER_FILES_MAX = 1024
+#: Bytes a virtual worker takes whatever it does (its block of jitter draws, 1,024 float64, its
+#: records' arrays, its share of the trace tables), and a push (8-byte times and versions, the rows of
+#: the trace tables), rounded down from runs of 100,000 workers (1.3 GB resident with 2 pushes each,
+#: 1.6 GB with 20 and no traces): the check refuses what cannot fit, not what might; with real
+#: weights, a batch stream more
+WORKER_BYTES = 12288
+PUSH_BYTES = 128
+TRAINED_WORKER_BYTES = 1024
 
 
 def _limits(job: JobConfig, workers: int, iterations: int | None, trainer) -> tuple[list[int | None], float]:
@@ -90,6 +100,48 @@ def virtual_workers(job: JobConfig, workers: int, replay: str | os.PathLike | No
     return ModelWorkers(model)
 
 
+def check_simulation(job: JobConfig, workers: int, *, replay=None, iterations: int | None = None,
+                     train: bool = False) -> None:
+    """Every check :func:`simulate_job` makes before it simulates, and nothing else: a sweep runs it on
+    every member before the first one starts, so that no member is refused after others ran."""
+    _prepare(job, workers, replay, iterations, train)
+
+
+def check_workers_fit(job: JobConfig, workers: int, iterations: int | None, train: bool = False) -> None:
+    """Refuse a number of workers whose records exceed the memory (``data.memory``, as the dataset and
+    the model are), before anything is allocated: :data:`WORKER_BYTES` each, and :data:`PUSH_BYTES`
+    per push where the pushes are known (``--iterations`` or ``stop.iterations``)."""
+    per_worker = iterations if iterations is not None else (job.stop.iterations or 0)
+    need = workers * (WORKER_BYTES + PUSH_BYTES * per_worker + (TRAINED_WORKER_BYTES if train else 0))
+    if exceeds_memory(need):
+        raise UsageError(f"simulate with {workers} workers: their records need about {format_bytes(need)}, more "
+                         f"than {memory_phrase()} ({WORKER_BYTES} bytes a worker and {PUSH_BYTES} a push); "
+                         f"simulate fewer workers or iterations")
+
+
+def _prepare(job: JobConfig, workers: int, replay, iterations: int | None, train: bool):
+    """The checks and the set-up of a simulation: ``(job, recording, trainer, limits, until, iteration
+    times, policy)``."""
+    if workers < 1:
+        raise UsageError(f"simulate: --workers {workers}: needs at least 1 worker")
+    check_workers_fit(job, workers, iterations, train)
+    # one virtual server whatever the job's runtime.servers (a replayed run's may say 2): the run's
+    # config then tells its readers that worker w is rank w + 1, as the files are written
+    job = replace(job, runtime=replace(job.runtime, servers=1))
+    recorded = recorded_pushes(replay, job, workers) if train and replay is not None else None
+    trainer = EmulatedTrainer(describe_run(job, workers, None), recorded.chunk_bytes if recorded else None) \
+        if train else None
+    limits, until = _limits(job, workers, iterations, trainer)
+    if trainer is not None:
+        check_evaluations(job, until)
+    source = virtual_workers(job, workers, replay)
+    try:
+        policy = make_policy(job.sync, workers, seed=job.seed)
+    except ValueError as e:
+        raise UsageError(f"simulate with {workers} workers: {e}") from None
+    return job, recorded, trainer, limits, until, source, policy
+
+
 def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, iterations: int | None = None,
                  show_progress: bool = True, train: bool = False) -> dict:
     """Simulate `job` with `workers` virtual workers into `run_dir`; returns the summary (also written).
@@ -98,26 +150,16 @@ def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, it
     Raises
     ------
     UsageError
-        For fewer than one worker, a policy or straggler model that does not fit `workers`, a replay
-        directory that is not a run, or a job with no iteration or time limit.
+        For fewer than one worker, more workers than the memory holds, a policy or straggler model that
+        does not fit `workers`, a replay directory that is not a run (or, with `train`, limits past its
+        recording), or a job with no iteration or time limit (:func:`check_simulation`).
     """
-    if workers < 1:
-        raise UsageError(f"simulate: --workers {workers}: needs at least 1 worker")
-    # one virtual server whatever the job's runtime.servers (a replayed run's may say 2): the run's
-    # config then tells its readers that worker w is rank w + 1, as the files are written
-    job = replace(job, runtime=replace(job.runtime, servers=1))
-    recorded = recorded_pushes(replay, job, workers) if train and replay is not None else None
-    trainer = EmulatedTrainer(describe_run(job, workers, None), recorded.chunk_bytes if recorded else None) \
-        if train else None
-    limits, until = _limits(job, workers, iterations, trainer)
-    source = virtual_workers(job, workers, replay)
-    try:
-        policy = make_policy(job.sync, workers, seed=job.seed)
-    except ValueError as e:
-        raise UsageError(f"simulate with {workers} workers: {e}") from None
+    job, recorded, trainer, limits, until, source, policy = _prepare(job, workers, replay, iterations, train)
     progress = Progress(sum(limits) if None not in limits else None, unit="push", enabled=show_progress)
     started = time.perf_counter()
-    result, ends, restarts = _schedule(job, workers, source, policy, limits, until, recorded, trainer, progress)
+    # a diverging run's overflows are its summary's to report (the CLI's one line, as live), not NumPy's
+    with _diverging_quietly(trainer):
+        result, ends, restarts = _schedule(job, workers, source, policy, limits, until, recorded, trainer, progress)
     seconds = time.perf_counter() - started
     progress.close(result.pushes)
     policy_tables = _record_rows(result.records)  # written and summarised both
@@ -126,7 +168,8 @@ def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, it
     iterations, first = _iteration_table(result, parts, ends)
     run_dir.mkdir(parents=True, exist_ok=True)  # the command made it; a caller of this function may not have
     if trainer is not None:  # the last evaluations first: the server's trace holds them
-        _finish_training(job, run_dir, trainer, result, policy.name)
+        with _diverging_quietly(trainer):
+            _finish_training(job, run_dir, trainer, result, policy.name)
     if job.trace.enabled:
         evals = _eval_rows(trainer.evals if trainer is not None else [])
         _write_traces(job, run_dir, workers, source, result, {**policy_tables, "evals": evals}, iterations, first)
@@ -144,6 +187,13 @@ def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, it
         summary["simulation"]["training"] = trainer.statistics()
     write_summary(run_dir, summary)
     return summary
+
+
+def _diverging_quietly(trainer):
+    """No NumPy warnings from the weights' arithmetic: a step or a loss that is not finite is what the
+    summary says, and the CLI reports it in one line (``outputs.training_failed``)."""
+    return np.errstate(over="ignore", invalid="ignore", divide="ignore") if trainer is not None else \
+        contextlib.nullcontext()
 
 
 def _schedule(job: JobConfig, workers: int, source, policy, limits: list, until: float, recorded, trainer,
@@ -168,6 +218,11 @@ def _schedule(job: JobConfig, workers: int, source, policy, limits: list, until:
         result = simulate(policy, source, None, until=until, keep_releases=False, limits=limits, t0=t0,
                           progress=progress.update, trainer=trainer,
                           recorded=recorded.pushes if recorded is not None else None)
+    except RecordingExhausted as e:
+        asked = (f"--iterations {limits[0]}" if limits[0] is not None and len(set(limits)) == 1
+                 else f"stop.seconds = {until:g}" if until < math.inf else "the limits")
+        raise UsageError(f"{where}: {e}: {asked} goes past the recorded run; replay it with its own limits or "
+                         "less, or without --train (its recorded times are then cycled)") from None
     except ReplayMismatch as e:
         raise UsageError(f"{where}: {e}; the recording cannot be paired") from None
     if recorded is not None:

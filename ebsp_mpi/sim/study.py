@@ -4,7 +4,8 @@ A sweep file is the one ``sweep`` reads (:mod:`ebsp_mpi.sweep.spec`); each membe
 workers with ``sync.workers``. The output directory holds one run directory per member and the sweep
 manifest (``sweep.json``), so ``compare`` and ``report`` read it as a sweep, and:
 
-- ``scaling.csv``, ``scaling.md``: one row per member: model, workers, pushes, simulated seconds per
+- ``scaling.csv``, ``scaling.md``: one row per member: its status (``ok``, or ``diverged`` for a member
+  whose training diverged: the command then exits 1), model, workers, pushes, simulated seconds per
   1,000 pushes and against ASP at the same n (the time a model without waiting needs for as many
   pushes), the share of the workers' time spent waiting, staleness (mean, also divided by n: every
   push is a version, so staleness in versions grows with n; 99th percentile, max), and
@@ -26,7 +27,8 @@ from pathlib import Path
 from ..errors import UsageError
 
 #: columns of scaling.csv, in order
-COLUMNS = ("member", "model", "seed", "workers", "pushes", "simulated_s", "s_per_1000_pushes", "vs_asp", "wait_share",
+COLUMNS = ("member", "status", "model", "seed", "workers", "pushes", "simulated_s", "s_per_1000_pushes", "vs_asp",
+           "wait_share",
            "staleness_mean", "staleness_rounds", "staleness_p99", "staleness_max", "barriers", "r_median",
            "predicted_spread_ms", "observed_spread_ms", "interval_spread_ms", "observed_over_interval",
            "error_median_ms", "error_p99_ms", "z", "simulation_s")
@@ -40,13 +42,17 @@ def run_sweep(path: str, out: str | None, show_progress: bool = True, train: boo
     Raises
     ------
     UsageError
-        For a bad sweep file, a member without ``sync.workers``, or a member the simulation refuses.
+        For a bad sweep file, a member without ``sync.workers``, or a member the simulation refuses:
+        every member is checked (:func:`~.run.check_simulation`) before the first one runs.
+
+    A member whose training diverged (``outputs.training_failed``) runs to its end, as live, and is
+    ``failed`` in the manifest and marked in the tables: :func:`sweep_failure` says so.
     """
     from ..config import load_job
-    from ..outputs import make_run_dir, release_lock
+    from ..outputs import make_run_dir, release_lock, remove_if_unused, training_failed
     from ..sweep.runner import Outcome, default_out, write_manifest
     from ..sweep.spec import SweepError, load_sweep
-    from .run import simulate_job
+    from .run import check_simulation, simulate_job
 
     sweep = load_sweep(path)
     base = str(sweep.base) if sweep.base else None
@@ -58,10 +64,15 @@ def run_sweep(path: str, out: str | None, show_progress: bool = True, train: boo
             raise SweepError(f"{sweep.path}: member {m.name!r}: {e}") from None
         if not job.sync.workers:
             raise SweepError(f"{sweep.path}: member {m.name!r}: set sync.workers (the virtual workers)")
+        try:  # all a member's own run would refuse (its shards, its limits, its memory), before any runs
+            check_simulation(job, job.sync.workers, train=train)
+        except UsageError as e:
+            raise SweepError(f"{sweep.path}: member {m.name!r}: {e}") from None
         jobs.append(job)
     out_dir = Path(out) if out else default_out(sweep)
+    made_out = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
-    outcomes = []
+    outcomes, made = [], []
     for i, (m, job) in enumerate(zip(sweep.members, jobs, strict=True)):
         command = [sys.executable, "-m", "ebsp_mpi", "simulate", *([base] if base else []), *(["--train"] * train),
                    *[a for o in m.overrides for a in ("--set", o)], "--out", str(out_dir / m.name), "-q"]
@@ -70,11 +81,23 @@ def run_sweep(path: str, out: str | None, show_progress: bool = True, train: boo
         started = time.monotonic()
         try:
             run_dir = make_run_dir(str(out_dir / m.name), job.name)
-            summary = simulate_job(job, job.sync.workers, run_dir, show_progress=False, train=train)
-        except UsageError as e:
+        except (UsageError, FileExistsError) as e:
+            _undo(out_dir, made_out, made)
             raise SweepError(f"{sweep.path}: member {m.name!r}: {e}") from None
+        made.append(run_dir)
+        try:
+            summary = simulate_job(job, job.sync.workers, run_dir, show_progress=False, train=train)
+        except UsageError as e:  # a refusal only the run could find (evaluations past the bound): undone whole
+            _undo(out_dir, made_out, made)
+            raise SweepError(f"{sweep.path}: member {m.name!r}: {e}") from None
+        except BaseException:
+            remove_if_unused(run_dir)
+            raise
         release_lock(run_dir)
+        failed = training_failed(summary) if train else None
         outcome.seconds, outcome.status, outcome.returncode = time.monotonic() - started, "ok", 0
+        if failed:  # as a live member whose run exits 1: its files stay, its row says so
+            outcome.status, outcome.returncode, outcome.message = "failed", 1, failed
         outcomes.append(outcome)
         if show_progress:
             print(f"[{i + 1:>{len(str(len(jobs)))}}/{len(jobs)}] {m.name:<28} {outcome.seconds:7.1f} s  "
@@ -92,10 +115,45 @@ def run_sweep(path: str, out: str | None, show_progress: bool = True, train: boo
     return out_dir
 
 
+def _undo(out_dir: Path, made_out: bool, made: list[Path]) -> None:
+    """A refused sweep leaves nothing: the directory it made, or in a directory that was there, the
+    member directories and the manifest it wrote."""
+    import shutil
+
+    from ..outputs import release_lock
+    from ..sweep.runner import MANIFEST
+
+    for run_dir in made:
+        release_lock(run_dir)
+    if made_out:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        return
+    for run_dir in made:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    if made:
+        (out_dir / MANIFEST).unlink(missing_ok=True)
+
+
+def sweep_failure(out_dir: Path) -> str | None:
+    """Why the sweep in `out_dir` must not exit 0 (members whose training failed), or None."""
+    members = json.loads((out_dir / "sweep.json").read_text())["members"]
+    failed = [m for m in members if m.get("status") != "ok"]
+    if not failed:
+        return None
+    names = ", ".join(m["name"] for m in failed)
+    why = failed[0].get("message") or failed[0].get("status")
+    return f"{len(failed)} of {len(members)} members failed ({names}): {failed[0]['name']}: {why}"
+
+
 def _label(summary: dict) -> str:
     from ..analysis.runs import model_label
 
     return model_label(summary.get("config") or {})
+
+
+def _why(message: str) -> str:
+    """A failed member's mark in the tables: ``diverged`` or ``not trained`` (every push rejected)."""
+    return "diverged" if "diverged" in message else "not trained" if "rejected" in message else ""
 
 
 def scaling_rows(out_dir: Path) -> list[dict]:
@@ -103,6 +161,8 @@ def scaling_rows(out_dir: Path) -> list[dict]:
     manifest = json.loads((out_dir / "sweep.json").read_text())
     summaries = [(m["name"], json.loads((out_dir / m["dir"] / "summary.json").read_text()))
                  for m in manifest["members"]]
+    status = {m["name"]: "ok" if m.get("status", "ok") == "ok" else _why(m.get("message", "")) or m["status"]
+              for m in manifest["members"]}
     # ASP of the same n and seed: a sweep over seeds compares each run with its own reference
     def key(s):
         return s["workers"], (s.get("config") or {}).get("seed")
@@ -119,7 +179,7 @@ def scaling_rows(out_dir: Path) -> list[dict]:
         waited = sum(s["wait_seconds"])
         busy = sum(s["injected_delay_seconds"]) + sum(s["compute_seconds"])
         rows.append({
-            "member": name, "model": _label(s), "seed": key(s)[1],
+            "member": name, "status": status[name], "model": _label(s), "seed": key(s)[1],
             "workers": s["workers"], "pushes": pushes, "simulated_s": wall,
             "s_per_1000_pushes": 1000 * per_push,
             "vs_asp": per_push / asp[key(s)] if key(s) in asp else math.nan,
@@ -162,7 +222,8 @@ def write_table(rows: list[dict], out_dir: Path) -> None:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
-    shown = ("model", "seed", "workers", "pushes", "s_per_1000_pushes", "vs_asp", "wait_share", "staleness_mean",
+    shown = ("model", "status", "seed", "workers", "pushes", "s_per_1000_pushes", "vs_asp", "wait_share",
+             "staleness_mean",
              "staleness_rounds", "staleness_max", "r_median", "predicted_spread_ms", "observed_spread_ms",
              "interval_spread_ms", "observed_over_interval", "error_median_ms", "z")
     lines = ["| " + " | ".join(shown) + " |", "|" + "|".join("---" for _ in shown) + "|"]

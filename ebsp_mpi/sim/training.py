@@ -16,6 +16,7 @@ sizes for the weights, plus one gradient per push not yet applied (BSP: a round'
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -29,6 +30,25 @@ from ..nn.staleness import StalenessRule
 from ..nn.versions import VersionStore
 from ..outputs import AccuracyTargets
 from ..sync.simulate import Trainer
+
+#: Evaluations a run may ask for (``eval.every_seconds`` against its virtual length): each is a row of
+#: the server's ``evals`` and of the summary, so past this the job is refused, in one line
+MAX_EVALUATIONS = 100_000
+
+
+def check_evaluations(job: JobConfig, until: float) -> None:
+    """Refuse, before the run, a time limit (``stop.seconds``) at which ``eval.every_seconds`` asks for
+    more than :data:`MAX_EVALUATIONS`; a run stopped by its iterations is held to the bound as it goes."""
+    every = job.eval.every_seconds
+    if every > 0 and until < np.inf and not until / every < MAX_EVALUATIONS:
+        raise _too_many(every, until / every, until)
+
+
+def _too_many(every: float, due: float, t: float) -> UsageError:
+    many = f"{math.ceil(due)} evaluations" if due < np.inf else "more evaluations than a float can count"
+    return UsageError(f"simulate --train: eval.every_seconds = {every:g} asks for {many} by "
+                      f"{t:.6g} simulated s, more than {MAX_EVALUATIONS} (each a row of the trace and the summary); "
+                      f"evaluate less often")
 
 
 def check_emulable(job: JobConfig) -> None:
@@ -75,6 +95,8 @@ class EmulatedTrainer(Trainer):
         self.targets = AccuracyTargets(list(job.eval.targets))
         self.every = job.eval.every_seconds
         self.next_eval = self.every if self.every > 0 else np.inf
+        self.evaluated: tuple[int, float, float] | None = None  # (version, loss, accuracy) last computed
+        self.dc_step: int | None = None  # the worker whose corrected step is in `scratch`, checked finite
         self.gradients = 0
         self.rejected = 0
         self.compute_seconds = 0.0
@@ -107,11 +129,23 @@ class EmulatedTrainer(Trainer):
         self.gradients += 1
         self.pending[worker] = (grad, used)
         self.holding[worker] = None
-        return not all_finite(grad)
+        if not all_finite(grad):
+            return True
+        if self.dc and not self.keep_gradients:
+            # applied within this push's event, on the weights as they are now: the corrected step is
+            # worked out here, and a push whose step is not finite is rejected, never applied
+            step = self.rule.gradient(grad, self.params, self.versions.of(used), self.scratch)
+            if not all_finite(step):
+                return True
+            self.dc_step = worker if step is self.scratch else None
+        return False
 
     def apply(self, worker: int, version: int) -> None:
         grad, used = self.pending.pop(worker)
-        step = self.rule.gradient(grad, self.params, self.versions.of(used), self.scratch) if self.dc else grad
+        if self.dc_step == worker:  # worked out and checked by pushed(), on these weights
+            step, self.dc_step = self.scratch, None
+        else:
+            step = self.rule.gradient(grad, self.params, self.versions.of(used), self.scratch) if self.dc else grad
         lr = self.rule.lr(self.lr_at(version), version - used + 1)
         self._done(grad, used)  # before the step: a version no one holds any more is not copied
         self._step(step, lr)
@@ -145,14 +179,24 @@ class EmulatedTrainer(Trainer):
     def evaluate_until(self, t: float) -> None:
         """Every evaluation due at a virtual time up to `t`, on the weights as they are (no push after
         its time has been applied yet)."""
+        if self.next_eval > t:
+            return
+        due = len(self.evals) + (t - self.next_eval) / self.every + 1  # a float: 1e-320 s gives inf
+        if not due <= MAX_EVALUATIONS:
+            raise _too_many(self.every, due, t)
         while self.next_eval <= t:
             self._evaluate(self.next_eval)
             self.next_eval += self.every
 
     def _evaluate(self, t: float) -> tuple[float, float]:
-        self.model.space.data[...] = self.params
-        self.model_holds = self.version
-        loss, acc = self.model.evaluate(self.ds.x_test, self.ds.y_test, batch_size=self.job.eval.batch_size)
+        """The test loss and accuracy of the weights as they are; weights no step has changed since they
+        were last evaluated are not evaluated again (evaluations between two steps take no time)."""
+        if self.evaluated is None or self.evaluated[0] != self.version:
+            self.model.space.data[...] = self.params
+            self.model_holds = self.version
+            loss, acc = self.model.evaluate(self.ds.x_test, self.ds.y_test, batch_size=self.job.eval.batch_size)
+            self.evaluated = (self.version, float(loss), float(acc))
+        _, loss, acc = self.evaluated
         self.evals.append((t, self.version, float(loss), float(acc)))
         self.targets.observe(t, acc)
         return float(loss), float(acc)

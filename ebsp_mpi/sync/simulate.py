@@ -223,6 +223,11 @@ class ReplayMismatch(RuntimeError):
     """A recorded push that the policy, given the recorded pushes before it, would not have let happen."""
 
 
+class RecordingExhausted(ReplayMismatch):
+    """The recorded pushes ran out while workers were still computing: the replay's limits go past the
+    recording's (more iterations, or a later time limit, than the recorded run had)."""
+
+
 class Trainer:
     """What ``simulate`` tells a driver of real weights (:mod:`ebsp_mpi.sim.training`); every method
     is called at the event's point in the order of the coordinator's actions."""
@@ -330,6 +335,12 @@ class _Run:
                 raise ReplayMismatch(f"recorded push {k} (worker {w} at t={t:.6f} s) does not fit: under "
                                      f"{self.policy.name} worker {w} {state} at that point")
             self._push(w, t)
+        computing = [w for w, since in enumerate(self.pulled_at) if since is None and w not in self.coordinator.left]
+        if computing:
+            w = computing[0]
+            raise RecordingExhausted(
+                f"the recording ends after {len(recorded)} pushes, with {len(computing)} worker(s) still "
+                f"computing (worker {w} after {self.coordinator.pushes[w]} pushes)")
 
     def loop(self, progress) -> None:
         """Take the pushes in time order until none is pending."""
