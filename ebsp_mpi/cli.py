@@ -184,6 +184,8 @@ def _check_on_demand_layers(job, plan, world_size: int) -> None:
 #: seconds a rank may spend starting MPI (``MPI_Init``) before it gives up; 0: no limit
 MPI_INIT_TIMEOUT_ENV = "EBSP_MPI_INIT_TIMEOUT_S"
 MPI_INIT_TIMEOUT_S = 300.0
+#: the longest limit: a week (faulthandler's timer refuses what the platform's time_t cannot hold)
+MPI_INIT_TIMEOUT_MAX_S = 7 * 24 * 3600.0
 
 
 def _start_mpi():
@@ -203,8 +205,9 @@ def _start_mpi():
         timeout = float(text) if text else MPI_INIT_TIMEOUT_S
     except ValueError:
         timeout = -1.0
-    if not 0 <= timeout < float("inf"):
-        raise UsageError(f"{MPI_INIT_TIMEOUT_ENV} = {text!r}: expected seconds (0: no limit)")
+    if not 0 <= timeout <= MPI_INIT_TIMEOUT_MAX_S:
+        raise UsageError(f"{MPI_INIT_TIMEOUT_ENV} = {text!r}: expected seconds from 0 (no limit) to "
+                         f"{MPI_INIT_TIMEOUT_MAX_S:g} (a week)")
     armed = bool(timeout) and sys.__stderr__ is not None
     if armed:  # the process's own stderr: a file descriptor, which faulthandler's thread writes to
         faulthandler.dump_traceback_later(timeout, exit=True, file=sys.__stderr__)

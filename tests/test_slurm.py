@@ -366,10 +366,12 @@ def test_a_rank_that_mpi_init_holds_exits_after_ebsp_mpi_init_timeout(tmp_path):
     assert "Timeout (0:00:03)!" in p.stderr and "in _start_mpi" in p.stderr
     assert not (tmp_path / "run").exists()
 
-    bad = subprocess.run([sys.executable, "-m", "ebsp_mpi", "train"], cwd=REPO, capture_output=True, text=True,
-                         env={**env, "EBSP_MPI_INIT_TIMEOUT_S": "soon"}, timeout=120)
-    assert bad.returncode == 2
-    assert bad.stderr == "ebsp_mpi: error: EBSP_MPI_INIT_TIMEOUT_S = 'soon': expected seconds (0: no limit)\n"
+    for value in ("soon", "-1", "1e300"):  # 1e300 passed, and faulthandler's timer raised OverflowError
+        bad = subprocess.run([sys.executable, "-m", "ebsp_mpi", "train"], cwd=REPO, capture_output=True, text=True,
+                             env={**env, "EBSP_MPI_INIT_TIMEOUT_S": value}, timeout=120)
+        assert bad.returncode == 2
+        assert bad.stderr == (f"ebsp_mpi: error: EBSP_MPI_INIT_TIMEOUT_S = {value!r}: expected seconds from 0 "
+                              "(no limit) to 604800 (a week)\n"), bad.stderr
 
 
 @needs_mpich
