@@ -128,12 +128,14 @@ def _resumed_job(args, world_size: int):
             raise
         plan = None
     check_plan_unchanged(args.resume, ckpt, plan.sha256 if plan is not None else "")
-    workers = check_workers(job, world_size)
-    if workers != len(ckpt.iterations):
+    # the launch's size first: the job's per-worker keys (straggler.slowdown) fit the run's workers only
+    launched = world_size - job.runtime.servers if world_size > 1 else (job.sync.workers or 1)
+    if launched != len(ckpt.iterations):
         ranks = len(ckpt.iterations) + job.runtime.servers
         raise UsageError(f"--resume {args.resume}: the run had {len(ckpt.iterations)} workers, this launch has "
-                         f"{workers}; launch it as it was (world size {ranks} under MPI: "
+                         f"{launched}; launch it as it was (world size {ranks} under MPI: "
                          f"{job.runtime.servers} server(s) and {len(ckpt.iterations)} workers)")
+    workers = check_workers(job, world_size)
     left = work_left(job, ckpt)
     if left is not None:
         raise UsageError(f"--resume {args.resume}: nothing left to do: {left}; its files stay as they are")

@@ -93,6 +93,17 @@ def test_a_launch_of_the_wrong_size_names_the_world_size_with_the_runs_servers(t
     assert workers == 2 and job.runtime.servers == 2 and plan is None
 
 
+def test_a_launch_of_the_wrong_size_is_named_before_the_jobs_per_worker_keys(tmp_path):
+    """A run with a slowdown per worker: the wrong world size is what the user is told, not that
+    straggler.slowdown has the wrong length for the launch's workers."""
+    overrides = ["straggler.slowdown=[1,1,1,3]", "trace.enabled=false"]
+    write_checkpoint(tmp_path, checkpoint_of(overrides, workers=4, iterations=(7, 6, 7, 6)))
+    args = argparse.Namespace(resume=str(tmp_path), out=None, job=None, overrides=[])
+    with pytest.raises(UsageError, match=r"the run had 4 workers, this launch has 2; .*world size 5 under MPI"):
+        _resumed_job(args, 3)
+    assert _resumed_job(args, 5)[1] == 4
+
+
 @pytest.mark.parametrize("overrides, iterations, run_seconds, left", [
     (["stop.iterations=10", "stop.epochs=0"], (10, 10), 1.0, "have done [10, 10] iterations"),
     (["stop.iterations=10", "stop.epochs=0"], (10, 9), 1.0, None),  # ASP: one worker still has one to do
