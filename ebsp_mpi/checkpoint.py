@@ -133,6 +133,8 @@ def read_checkpoint(run_dir, arrays: bool = True) -> Checkpoint:
         its checksum (a damaged file): one line naming the file and the part.
     """
     path = Path(run_dir) / CHECKPOINT_FILE
+    if path.exists() and not path.is_file():
+        raise UsageError(f"--resume {run_dir}: {path} is not a file (a directory?), so not a checkpoint")
     if not path.is_file():
         pending = (f"; its {PENDING_FILE} was never committed: the run stopped before every worker's trace "
                    f"held what it counts") if path.with_name(PENDING_FILE).is_file() else ""

@@ -59,6 +59,12 @@ def test_a_checkpoint_with_damaged_parameters_is_refused(tmp_path):
         read_checkpoint(tmp_path)
 
 
+def test_a_checkpoint_that_is_a_directory_is_named_as_such(tmp_path):
+    (tmp_path / CHECKPOINT_FILE).mkdir()
+    with pytest.raises(UsageError, match="is not a file .a directory.., so not a checkpoint"):
+        read_checkpoint(tmp_path)
+
+
 def test_a_checkpoint_whose_job_was_changed_is_refused(tmp_path):
     write_checkpoint(tmp_path, checkpoint_of())
     with h5py.File(tmp_path / CHECKPOINT_FILE, "a") as f:
