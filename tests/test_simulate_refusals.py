@@ -189,3 +189,18 @@ def test_a_sweep_member_refused_only_as_it_runs_undoes_the_whole_sweep(tmp_path)
     err = p.stderr.strip().splitlines()
     assert len(err) == 1 and "member 'b'" in err[0] and "eval.every_seconds" in err[0], p.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("how", ["job", "env"])
+def test_an_emulation_asked_to_compute_on_cupy_is_refused_in_one_line(tmp_path, capsys, monkeypatch, how):
+    """train refuses a CuPy it cannot have; the emulation, which computes on NumPy whatever the job
+    says, ran on NumPy without a word."""
+    args = ["simulate", "--train", "--workers", "2", "--iterations", "3", "--out", str(tmp_path / "run")]
+    if how == "job":
+        args += ["--set", "backend=cupy"]
+    else:
+        monkeypatch.setenv("EBSP_BACKEND", "cupy")
+    source = "backend" if how == "job" else "EBSP_BACKEND"
+    assert f"simulate --train: {source} = 'cupy', but the emulation computes on NumPy only" in \
+        one_line_error(capsys, args)
+    assert not (tmp_path / "run").exists()

@@ -124,6 +124,11 @@ def _prepare(job: JobConfig, workers: int, replay, iterations: int | None, train
     times, policy)``."""
     if workers < 1:
         raise UsageError(f"simulate: --workers {workers}: needs at least 1 worker")
+    backend = os.environ.get("EBSP_BACKEND") or job.backend
+    if train and backend == "cupy":  # train refuses a CuPy it cannot have; this would compute on NumPy anyway
+        source = "EBSP_BACKEND" if os.environ.get("EBSP_BACKEND") else "backend"
+        raise UsageError(f"simulate --train: {source} = 'cupy', but the emulation computes on NumPy only; "
+                         f"set backend = 'auto' or 'numpy'")
     check_workers_fit(job, workers, iterations, train)
     # one virtual server whatever the job's runtime.servers (a replayed run's may say 2): the run's
     # config then tells its readers that worker w is rank w + 1, as the files are written
