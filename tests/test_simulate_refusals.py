@@ -204,3 +204,16 @@ def test_an_emulation_asked_to_compute_on_cupy_is_refused_in_one_line(tmp_path, 
     assert f"simulate --train: {source} = 'cupy', but the emulation computes on NumPy only" in \
         one_line_error(capsys, args)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_replay_of_a_run_made_without_traces_says_so(tmp_path, capsys):
+    """A finished run (its summary) with trace.enabled = false was called "not a run directory"."""
+    run = tmp_path / "untraced"
+    run.mkdir()
+    from ebsp_mpi.config import load_job, to_dict
+
+    config = to_dict(load_job(None, ["trace.enabled=false", "sync.workers=2", "stop.iterations=20", "stop.epochs=0"]))
+    (run / "summary.json").write_text(json.dumps({"sync": "bsp", "workers": 2, "config": config}))
+    line = one_line_error(capsys, ["simulate", "--replay", str(run), "--out", str(tmp_path / "sim")])
+    assert "this run wrote no traces (trace.enabled = false)" in line, line
+    assert not (tmp_path / "sim").exists()

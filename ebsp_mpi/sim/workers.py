@@ -230,6 +230,9 @@ def _read_traces(run_dir: Path, where: str):
     from ..trace.reader import TraceError, read_run
 
     if not (run_dir / "trace").is_dir():
+        if (run_dir / "summary.json").is_file():  # a run, made without traces: the replay reads its times there
+            raise UsageError(f"{where}: this run wrote no traces (trace.enabled = false), and a replay reads the "
+                             f"workers' times from them; replay a run made with traces")
         raise UsageError(f"{where}: not a run directory (no trace/ in it; give the --out of a train run)")
     try:
         with warnings.catch_warnings():  # a damaged rank file is named below, as the replay needs it
