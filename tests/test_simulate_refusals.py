@@ -34,6 +34,18 @@ def test_a_replay_with_real_weights_past_its_recording_is_refused_and_leaves_no_
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("limit", [["--iterations", "5"], ["--set", "stop.seconds=0.005"]])
+def test_a_replay_with_real_weights_cut_short_by_its_own_limit_runs(tmp_path, capsys, limit):
+    """The user's own limit below the recording's: the replay stops there (it said the recording
+    "cannot be paired": the recorded pushes of a worker the limit had stopped came on)."""
+    assert main(["simulate", "--train", "--iterations", "10", "--out", str(tmp_path / "rec"), *SMALL]) == 0
+    assert main(["simulate", "--replay", str(tmp_path / "rec"), "--train", *limit, "--out", str(tmp_path / "out"),
+                 "-q"]) == 0
+    capsys.readouterr()
+    done = json.loads((tmp_path / "out" / "summary.json").read_text())["iterations"]
+    assert 0 < max(done) <= 5 if limit[0] == "--iterations" else 0 < max(done) < 10, done
+
+
 def test_a_replay_with_real_weights_past_its_recorded_seconds_is_refused(tmp_path, capsys):
     assert main(["simulate", "--train", "--set", "stop.seconds=0.05", "--set", "stop.iterations=0",
                  "--out", str(tmp_path / "rec"), *SMALL]) == 0

@@ -328,12 +328,15 @@ class _Run:
         self.carry_out(self.coordinator.push(w, t, rejected), t)
 
     def replay(self, recorded: Sequence[tuple[float, int]]) -> None:
-        """Take the recorded pushes in their order; each must come from a worker that is computing."""
+        """Take the recorded pushes in their order; each must come from a worker that is computing. A
+        worker that has stopped (the replay's own limits, below the recording's, ended it) leaves its
+        later recorded pushes out: the same job with the same limits stops where the run did."""
         for k, (t, w) in enumerate(recorded):
-            if self.pulled_at[w] is not None or w in self.coordinator.left:
-                state = "has stopped" if w in self.coordinator.left else "is held, waiting for its release"
+            if w in self.coordinator.left:
+                continue
+            if self.pulled_at[w] is not None:
                 raise ReplayMismatch(f"recorded push {k} (worker {w} at t={t:.6f} s) does not fit: under "
-                                     f"{self.policy.name} worker {w} {state} at that point")
+                                     f"{self.policy.name} worker {w} is held, waiting for its release at that point")
             self._push(w, t)
         computing = [w for w, since in enumerate(self.pulled_at) if since is None and w not in self.coordinator.left]
         if computing:
