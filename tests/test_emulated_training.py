@@ -140,16 +140,22 @@ def test_a_sweep_with_real_weights_writes_the_accuracy_table_and_figure(tmp_path
                      '"stop.seconds=1.5", "straggler.base_s=0.01", "eval.every_seconds=0.1", '
                      '"eval.targets=[0.5, 0.999]"]\n'
                      '[[member]]\nname = "bsp"\nset = ["sync.model=bsp", "sync.workers=4"]\n'
-                     '[[member]]\nname = "asp-dc"\nset = ["sync.model=asp", "optim.staleness=dc", "sync.workers=4"]\n')
+                     '[[member]]\nname = "asp-dc"\nset = ["sync.model=asp", "optim.staleness=dc", "sync.workers=4"]\n'
+                     '[[member]]\nname = "asp-dc-slow"\nset = ["sync.model=asp", "optim.staleness=dc", '
+                     '"sync.workers=4", "optim.lr=0.01"]\n')
     out = run_sweep(str(sweep), str(tmp_path / "out"), show_progress=False, train=True)
     for name in ("accuracy.md", "accuracy.csv", "accuracy.png"):
         assert (out / name).stat().st_size > 0
-    bsp, asp = accuracy_rows(out)
-    assert (bsp["model"], asp["model"]) == ("bsp", "asp+dc")
+    bsp, asp, asp_slow = accuracy_rows(out)
+    assert (bsp["model"], asp["model"], asp_slow["model"]) == ("bsp", "asp+dc", "asp+dc")
+    # two members of one model and worker count are told apart by their names, in the table and the figure
+    assert (bsp["line"], asp["line"], asp_slow["line"]) == ("bsp", "asp-dc", "asp-dc-slow")
+    table = (out / "accuracy.md").read_text()
+    assert "| asp-dc | asp+dc | 4 |" in table and "| asp-dc-slow | asp+dc | 4 |" in table
     assert bsp["t_0.5"] > 0 and bsp["t_0.5_vs_bsp"] == 1.0
     assert np.isnan(bsp["t_0.999"]) and np.isnan(asp["t_0.999_vs_bsp"])  # never reached
     assert len(bsp["evals"]) >= 15 and 0 < bsp["test_accuracy"] <= 1
-    assert "| bsp | 4 |" in (out / "accuracy.md").read_text()
+    assert "| bsp | bsp | 4 |" in table
 
 
 @pytest.mark.timeout(400)

@@ -30,6 +30,11 @@ def accuracy_rows(out_dir: Path) -> list[dict]:
                      **{f"t_{t:g}": (math.nan if v is None else v) for t, v in sorted(reached.items())},
                      "evals": [(e["t"], e["test_acc"]) if isinstance(e, dict) else (e[0], e[3])
                                for e in s.get("evals") or []]})
+    # a line's name: its model, or where two members share a model and a worker count, the member
+    twins = {(r["model"], r["workers"]) for r in rows
+             if sum((o["model"], o["workers"]) == (r["model"], r["workers"]) for o in rows) > 1}
+    for r in rows:
+        r["line"] = r["member"] if (r["model"], r["workers"]) in twins else r["model"]
     for r in rows:  # each target's time against BSP's at the same n
         bsp = next((b for b in rows if b["sync"] == "bsp" and b["workers"] == r["workers"]), None)
         for key in [k for k in r if k.startswith("t_")]:
@@ -41,12 +46,12 @@ def accuracy_rows(out_dir: Path) -> list[dict]:
 def write_accuracy(out_dir: Path) -> None:
     """``accuracy.csv``, ``accuracy.md`` and ``accuracy.png`` in `out_dir`."""
     rows = accuracy_rows(out_dir)
-    columns = [c for c in rows[0] if c not in ("evals",)] if rows else []
+    columns = [c for c in rows[0] if c not in ("evals", "line")] if rows else []
     with (out_dir / "accuracy.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
-    shown = [c for c in columns if c not in ("member", "sync")]
+    shown = [c for c in columns if c != "sync"]  # the member names the row: two of one model differ there
     lines = ["| " + " | ".join(shown) + " |", "|" + "|".join("---" for _ in shown) + "|"]
     lines += ["| " + " | ".join(_cell(r.get(c)) for c in shown) + " |" for r in rows]
     (out_dir / "accuracy.md").write_text("\n".join(lines) + "\n")
@@ -60,21 +65,22 @@ def _cell(value) -> str:
 
 
 def accuracy_figure(rows: list[dict], path: Path) -> None:
-    """Test accuracy against virtual time, one panel per number of workers, one line per model."""
+    """Test accuracy against virtual time, one panel per number of workers, one line per model (per
+    member where two share a model)."""
     from matplotlib.figure import Figure
 
     from ..analysis.figures import PALETTE
 
     sizes = sorted({r["workers"] for r in rows})
-    models = list(dict.fromkeys(r["model"] for r in rows))
-    colour = {m: PALETTE[i % len(PALETTE)] for i, m in enumerate(models)}
-    dashes = {m: ("-", "--", ":")[i // len(PALETTE) % 3] for i, m in enumerate(models)}  # past the palette
+    lines = list(dict.fromkeys(r["line"] for r in rows))
+    colour = {m: PALETTE[i % len(PALETTE)] for i, m in enumerate(lines)}
+    dashes = {m: ("-", "--", ":")[i // len(PALETTE) % 3] for i, m in enumerate(lines)}  # past the palette
     fig = Figure(figsize=(4 * len(sizes), 3.8), layout="constrained")
     axes = fig.subplots(1, len(sizes), sharey=True, squeeze=False)[0]
     for ax, n in zip(axes, sizes, strict=True):
         for r in (r for r in rows if r["workers"] == n):
-            ax.plot([t for t, _ in r["evals"]], [a for _, a in r["evals"]], color=colour[r["model"]],
-                    ls=dashes[r["model"]], label=r["model"], lw=1.4)
+            ax.plot([t for t, _ in r["evals"]], [a for _, a in r["evals"]], color=colour[r["line"]],
+                    ls=dashes[r["line"]], label=r["line"], lw=1.4)
         ax.set_title(f"{n} workers (batch {next(r['batch'] for r in rows if r['workers'] == n)})", fontsize=10.5,
                      loc="left")
         ax.set_xlabel("virtual seconds")
