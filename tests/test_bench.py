@@ -331,6 +331,12 @@ def test_train_refuses_a_timeout_it_cannot_keep_in_one_line(timeout, says):
     assert p.returncode == 2 and says in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
+def test_train_names_a_bad_worker_count_first():
+    p = subprocess.run([sys.executable, "-m", "ebsp_mpi", "bench", "train", "--workers", "0"],
+                       capture_output=True, text=True, timeout=60, env=child_env())
+    assert p.returncode == 2 and "--workers 0, --reps 3: each must be at least 1" in p.stderr, p.stderr
+
+
 def test_train_refuses_an_unknown_size_in_one_line():
     p = subprocess.run([sys.executable, "-m", "ebsp_mpi", "bench", "train", "--sizes", "huge"],
                        capture_output=True, text=True, timeout=60, env=child_env())
