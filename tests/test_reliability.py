@@ -63,35 +63,29 @@ def test_an_unusable_out_is_one_line_and_exit_2(kind, ranks, tmp_path):
     assert len(lines) == 1 and str(out) in lines[0] and "Traceback" not in p.stderr, p.stderr
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("one:5", "expected RANK:WHEN"),
-    ("1:5:explode", "expected RANK:WHEN"),
-    ("7:5", "rank 7 does not exist; this job has ranks 0..2"),
-    ("\u00b2:3", "expected RANK:WHEN"),  # a superscript two: str.isdigit says yes, int() refuses it
-    ("1:\u0663", "expected RANK:WHEN"),  # an Arabic-Indic three
-])
-@pytest.mark.parametrize("ranks", [1, 3])
-def test_a_bad_fault_spec_is_one_line_and_exit_2(spec, message, ranks, tmp_path):
+def _train_with_fault(spec: str, ranks: int, out):
     if ranks == 1:
-        message = message.replace("0..2", "0..0")
-        p = subprocess.run([sys.executable, "-m", "ebsp_mpi", "train", "-q", "--out", str(tmp_path / "run")],
-                           capture_output=True, text=True, timeout=60, env={**child_env(), "EBSP_INJECT_FAULT": spec})
-    else:
-        p = train(ranks, tmp_path / "run", *SHORT, extra_env={"EBSP_INJECT_FAULT": spec}, timeout=60)
-    assert p.returncode == 2, p.stderr
-    assert message in p.stderr and p.stderr.count("ebsp_mpi: error") == 1, p.stderr
+        return subprocess.run([sys.executable, "-m", "ebsp_mpi", "train", "-q", "--out", str(out)],
+                              capture_output=True, text=True, timeout=60,
+                              env={**child_env(), "EBSP_INJECT_FAULT": spec})
+    return train(ranks, out, *SHORT, extra_env={"EBSP_INJECT_FAULT": spec}, timeout=60)
 
 
 @pytest.mark.parametrize("spec, ranks, message", [
+    *[(spec, ranks, message.replace("0..2", "0..0") if ranks == 1 else message)
+      for spec, message in [
+          ("one:5", "expected RANK:WHEN"),
+          ("1:5:explode", "expected RANK:WHEN"),
+          ("7:5", "rank 7 does not exist; this job has ranks 0..2"),
+          ("\u00b2:3", "expected RANK:WHEN"),  # a superscript two: str.isdigit says yes, int() refuses it
+          ("1:\u0663", "expected RANK:WHEN"),  # an Arabic-Indic three
+      ] for ranks in (1, 3)],
+    # faults that would never fire
     ("0:flush", 3, "'flush' is a worker's moment, and rank 0 is a server"),
     ("0:5", 1, "the single-process trainer has none"),
 ])
-def test_a_fault_that_would_never_fire_is_refused_in_one_line(spec, ranks, message, tmp_path):
-    if ranks == 1:
-        p = subprocess.run([sys.executable, "-m", "ebsp_mpi", "train", "-q", "--out", str(tmp_path / "run")],
-                           capture_output=True, text=True, timeout=60, env={**child_env(), "EBSP_INJECT_FAULT": spec})
-    else:
-        p = train(ranks, tmp_path / "run", *SHORT, extra_env={"EBSP_INJECT_FAULT": spec}, timeout=60)
+def test_a_bad_fault_spec_is_one_line_and_exit_2(spec, ranks, message, tmp_path):
+    p = _train_with_fault(spec, ranks, tmp_path / "run")
     assert p.returncode == 2, p.stderr
     assert message in p.stderr and p.stderr.count("ebsp_mpi: error") == 1, p.stderr
     assert not (tmp_path / "run").exists()
