@@ -28,8 +28,8 @@
 #      job, its nodes drained meanwhile, and it resumes on the other two and ends at the promised
 #      iterations, every worker's trace holding each iteration once; a sweep's job array of two members
 #      (one node each) runs them on different nodes;
-#   7. a link cut mid-run (ip link set VETH down): under ASP with a worker's node cut, and under BSP with
-#      the node of server 1 and a worker cut, the job ends within runtime.stall_timeout_s + 10 s with a
+#   7. a link cut mid-run (ip link set VETH down): under ASP, BSP and ElasticBSP with a worker's node cut,
+#      and under BSP with the node of server 1 and a worker cut, the job ends within runtime.stall_timeout_s + 10 s with a
 #      non-zero exit, its output naming the ranks of that node (under BSP one of them: the worker there
 #      is not named), and the cut node's own ranks end too (MPI_Abort is bounded: runtime/comm.py).
 #
@@ -384,6 +384,8 @@ cut() {
 if want cut; then
 t=$(date +%s)
 cut cut-asp n3 n1,n2,n3,n4 6 all --set sync.model=asp                                # n3: worker rank 2
+cut cut-bsp n3 n1,n2,n3,n4 6 all --set sync.model=bsp
+cut cut-elasticbsp n3 n1,n2,n3,n4 6 all --set sync.model=elasticbsp
 # n2 holds server 1 (rank 1) and worker rank 5. The ranks' watchdogs all fire at stall_timeout_s: the
 # first to abort is a worker naming both servers, or server 1 naming rank 0; rank 5 is not named
 cut cut-bsp-server n2 n1,n2,n3,n4 6 any --set sync.model=bsp --set runtime.servers=2
