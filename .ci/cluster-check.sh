@@ -26,7 +26,9 @@
 #      the host, a slurmd in each node (cluster.sh up --slurm). slurm/train.sbatch with sbatch -N 2 and
 #      -N 4 runs its 5 ranks on 2 and 4 nodes to the end; a USR1 preemption checkpoints and requeues the
 #      job, its nodes drained meanwhile, and it resumes on the other two and ends at the promised
-#      iterations, every worker's trace holding each iteration once; a sweep's job array of two members
+#      iterations, every worker's trace holding each iteration once; slurm/gpu-bind.sh under srun on 2
+#      nodes of 3 tasks (1 and 2 servers, the nodes' GPUs shown as 4,5,6,7) hides the GPUs from every
+#      server and gives each worker the GPU of its rank among its node's workers; a sweep's job array of two members
 #      (one node each) runs them on different nodes;
 #   7. a link cut mid-run (ip link set VETH down): under ASP, BSP and ElasticBSP with a worker's node cut,
 #      and under BSP with the node of server 1 and a worker cut, the job ends within runtime.stall_timeout_s + 10 s with a
@@ -275,6 +277,20 @@ elif [[ -n "$SLURM" ]]; then
         line=$("$PY" "$PROBE" complete "$T/runs/sbatch-$nodes" 4 40 $nodes) || fail "$line"
         say "6. sbatch -N $nodes slurm/train.sbatch: ${line#*: } ($(( $(date +%s) - t )) s)"
     done
+
+    # slurm/gpu-bind.sh across 2 nodes of 3 tasks, with 1 and with 2 servers: each task's
+    # CUDA_VISIBLE_DEVICES as the script leaves it (the node's GPUs shown as 4,5,6,7, not from 0)
+    t=$(date +%s)
+    for servers in 1 2; do
+        mkdir -p "$T/gpubind-$servers"
+        job=$(sbatch --parsable -N 2 --ntasks-per-node=3 --cpus-per-task=1 -o "$T/logs/gpubind-$servers.out" \
+            -e "$T/logs/gpubind-$servers.err" --wrap "export CUDA_VISIBLE_DEVICES=4,5,6,7 EBSP_SERVERS=$servers;
+            srun slurm/gpu-bind.sh $PY $PROBE gpubind $T/gpubind-$servers")
+        wait_job "$job" 60
+        line=$("$PY" "$PROBE" gpubound "$T/gpubind-$servers" 4,5,6,7) || fail "slurm/gpu-bind.sh: $line"
+        say "6. slurm/gpu-bind.sh, sbatch -N 2 --ntasks-per-node=3: $line"
+    done
+    say "6. slurm/gpu-bind.sh across nodes ($(( $(date +%s) - t )) s)"
 
     # a preemption: USR1 to the batch script checkpoints and requeues the job; its nodes drained meanwhile,
     # it resumes on the other two

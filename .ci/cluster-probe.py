@@ -19,6 +19,10 @@ subcommand each. Every one prints one line and exits non-zero when its claim doe
     causal RUN OUT                 on rank 0's time axis, no pull reply arrives before the server sent it
                                    and no push before the worker posted it; `timeline` (to OUT.json) puts
                                    every event within the run's span, and `report` reads the run
+    gpubind DIR                    (a task of srun, after slurm/gpu-bind.sh) writes DIR/TASK.json: its
+                                   node, Slurm ids, EBSP_SERVERS and CUDA_VISIBLE_DEVICES
+    gpubound DIR GPUS              those files: each server saw no GPU, each worker one of GPUS (the
+                                   list its node showed) by its local rank among the node's workers
     cut RUN NODE LOG [any]         RUN ended after NODE's link was cut: LOG names every rank of NODE
                                    (by its rank number; with any, one of them at least)
 """
@@ -168,6 +172,35 @@ def causal(run: str, out: str) -> None:
           f"timeline {len(ts)} events within 0 .. {end:.2f} s; report reads it")
 
 
+def gpubind(out: str) -> None:
+    import os
+    import socket
+
+    env = os.environ
+    task = {"host": socket.gethostname(), "cuda": env.get("CUDA_VISIBLE_DEVICES"),
+            **{k: int(env[k]) for k in ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "EBSP_SERVERS")}}
+    Path(out, f"{task['SLURM_PROCID']}.json").write_text(json.dumps(task))
+
+
+def gpubound(out: str, gpus: str) -> None:
+    tasks = sorted((json.loads(f.read_text()) for f in Path(out).glob("*.json")), key=lambda t: t["SLURM_PROCID"])
+    assert tasks, f"{out}: no task wrote its binding"
+    shown, nodes = gpus.split(","), {}
+    for t in tasks:
+        rank, servers = t["SLURM_PROCID"], t["EBSP_SERVERS"]
+        if rank < servers:
+            assert t["cuda"] == "", f"rank {rank} (a server, on {t['host']}) sees GPUs {t['cuda']!r}"
+            continue
+        workers = nodes.setdefault(t["host"], [])  # the node's workers so far, by local id
+        want = shown[len(workers) % len(shown)]
+        assert t["cuda"] == want, (f"rank {rank} (worker, local id {t['SLURM_LOCALID']} on {t['host']}, worker "
+                                   f"{len(workers)} there) sees GPU {t['cuda']!r}, not {want!r}")
+        workers.append(t["cuda"])
+    servers = [t["host"] for t in tasks if t["SLURM_PROCID"] < t["EBSP_SERVERS"]]
+    print(f"{len(servers)} server(s) on {','.join(servers)} without GPUs; workers' GPUs "
+          + ", ".join(f"{h}: {','.join(g)}" for h, g in nodes.items()))
+
+
 def complete(run: str, workers: str, iterations: str, nodes: str) -> None:
     from ebsp_mpi.checkpoint import read_checkpoint
     from ebsp_mpi.trace import read_run
@@ -254,7 +287,7 @@ if __name__ == "__main__":
     try:
         {"bandwidth": bandwidth, "oracle": oracle, "placement": placement, "clocks": clocks, "eager": eager,
          "devices": devices, "cut": cut, "complete": complete, "straggler": straggler,
-         "accuracy": accuracy, "causal": causal}[command](*args)
+         "accuracy": accuracy, "causal": causal, "gpubind": gpubind, "gpubound": gpubound}[command](*args)
     except AssertionError as e:
         print(f"FAILED: {e}")
         sys.exit(1)
