@@ -164,7 +164,8 @@ def causal(run: str, out: str) -> None:
     ts = [e["ts"] / 1e6 for e in events if "ts" in e and e.get("ph") != "M"]
     assert ts and min(ts) >= -1 and max(ts) <= end + 5, \
         f"{run}: the timeline spans {min(ts):.3f} .. {max(ts):.3f} s, the run 0 .. {end:.3f} s"
-    report = subprocess.run([sys.executable, "-m", "ebsp_mpi", "report", "--out", f"{out}-report", run], capture_output=True, text=True)
+    report = subprocess.run([sys.executable, "-m", "ebsp_mpi", "report", "--out", f"{out}-report", run],
+                            capture_output=True, text=True)
     assert report.returncode == 0, f"{run}: report exit {report.returncode}: {report.stderr[-500:]}"
     hosts = sorted({t.attrs["host"] for t in traces.values()})
     print(f"{run}: {checked} pulls and pushes across {','.join(hosts)} in causal order (closest: a reply "
