@@ -35,7 +35,9 @@
 #   7. a link cut mid-run (ip link set VETH down): under ASP, BSP and ElasticBSP with a worker's node cut,
 #      and under BSP with the node of server 1 and a worker cut, the job ends within runtime.stall_timeout_s + 10 s with a
 #      non-zero exit, its output naming the ranks of that node (under BSP one of them: the worker there
-#      is not named), and the cut node's own ranks end too (MPI_Abort is bounded: runtime/comm.py).
+#      is not named), and the cut node's own ranks end too (MPI_Abort is bounded: runtime/comm.py); the
+#      last checkpoint the cut ASP run committed (every second) reads whole, and `train --resume` across
+#      the nodes continues from it to 20 iterations more, every worker's trace holding each iteration once.
 #
 # CLUSTER_CHECKS="oracle cut" runs some of them only (isolation oracle sync pernode openmpi slow slurm cut;
 # oracle is 2 and 3, sync 2b and 3b, slow 5b). Every launch runs under `timeout`. The cluster (its namespaces, veths and bridge, and every
@@ -432,7 +434,15 @@ cut() {
 }
 if want cut; then
 t=$(date +%s)
-cut cut-asp n3 n1,n2,n3,n4 6 all --set sync.model=asp                                # n3: worker rank 2
+cut cut-asp n3 n1,n2,n3,n4 6 all --set sync.model=asp --set checkpoint.every_seconds=1  # n3: worker rank 2
+# its last committed checkpoint is whole, and --resume across the nodes continues from it to the end
+t2=$(date +%s)
+done_=$("$PY" "$PROBE" checkpointed "$T/runs/cut-asp" 2>&1) || fail "cut-asp: its checkpoint: $done_"
+mpirun 120 n1,n2,n3,n4 6 -- "$PY" -m ebsp_mpi train -q --resume "$T/runs/cut-asp" --set stop.seconds=0 \
+    --set stop.iterations=$((done_ + 20)) > "$T/logs/cut-asp-resumed" 2>&1 ||
+    fail "cut-asp --resume: exit $? ($(tail -n 3 "$T/logs/cut-asp-resumed"))"
+line=$("$PY" "$PROBE" complete "$T/runs/cut-asp" 5 $((done_ + 20)) 4) || fail "cut-asp --resume: $line"
+say "7. cut-asp --resume from its last checkpoint (a worker at $done_ iterations): ${line#*: } ($(( $(date +%s) - t2 )) s)"
 cut cut-bsp n3 n1,n2,n3,n4 6 all --set sync.model=bsp
 cut cut-elasticbsp n3 n1,n2,n3,n4 6 all --set sync.model=elasticbsp
 # n2 holds server 1 (rank 1) and worker rank 5. The ranks' watchdogs all fire at stall_timeout_s: the

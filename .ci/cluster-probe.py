@@ -23,6 +23,8 @@ subcommand each. Every one prints one line and exits non-zero when its claim doe
                                    node, Slurm ids, EBSP_SERVERS and CUDA_VISIBLE_DEVICES
     gpubound DIR GPUS              those files: each server saw no GPU, each worker one of GPUS (the
                                    list its node showed) by its local rank among the node's workers
+    checkpointed RUN               RUN's checkpoint reads whole, every part matching its checksum:
+                                   prints its workers' most iterations
     cut RUN NODE LOG [any]         RUN ended after NODE's link was cut: LOG names every rank of NODE
                                    (by its rank number; with any, one of them at least)
 """
@@ -202,6 +204,15 @@ def gpubound(out: str, gpus: str) -> None:
           + ", ".join(f"{h}: {','.join(g)}" for h, g in nodes.items()))
 
 
+def checkpointed(run: str) -> None:
+    from ebsp_mpi.checkpoint import read_checkpoint
+
+    ckpt = read_checkpoint(run)  # UsageError on a part that does not match its checksum
+    done = [int(i) for i in ckpt.iterations]
+    assert min(done) > 0, f"{run}: its last checkpoint counts iterations {done}"
+    print(max(done))
+
+
 def complete(run: str, workers: str, iterations: str, nodes: str) -> None:
     from ebsp_mpi.checkpoint import read_checkpoint
     from ebsp_mpi.trace import read_run
@@ -288,7 +299,8 @@ if __name__ == "__main__":
     try:
         {"bandwidth": bandwidth, "oracle": oracle, "placement": placement, "clocks": clocks, "eager": eager,
          "devices": devices, "cut": cut, "complete": complete, "straggler": straggler,
-         "accuracy": accuracy, "causal": causal, "gpubind": gpubind, "gpubound": gpubound}[command](*args)
+         "accuracy": accuracy, "causal": causal, "gpubind": gpubind, "gpubound": gpubound,
+         "checkpointed": checkpointed}[command](*args)
     except AssertionError as e:
         print(f"FAILED: {e}")
         sys.exit(1)
