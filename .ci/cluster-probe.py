@@ -15,7 +15,17 @@ subcommand each. Every one prints one line and exits non-zero when its claim doe
                                    as its node's rank count allows (env.prepare_rank_env), and MPI starts
     devices RUN DEVICES            each worker of RUN used the fake GPU of its node-local rank (modulo
                                    DEVICES), each server the CPU
-    cut RUN NODE LOG [any]               RUN ended after NODE's link was cut: LOG names every rank of NODE
+    accuracy RUN REF [TOL]         RUN's final test accuracy is REF's within TOL (0.01)
+    causal RUN OUT                 on rank 0's time axis, no pull reply arrives before the server sent it
+                                   and no push before the worker posted it; `timeline` (to OUT.json) puts
+                                   every event within the run's span, and `report` reads the run
+    gpubind DIR                    (a task of srun, after slurm/gpu-bind.sh) writes DIR/TASK.json: its
+                                   node, Slurm ids, EBSP_SERVERS and CUDA_VISIBLE_DEVICES
+    gpubound DIR GPUS              those files: each server saw no GPU, each worker one of GPUS (the
+                                   list its node showed) by its local rank among the node's workers
+    checkpointed RUN               RUN's checkpoint reads whole, every part matching its checksum:
+                                   prints its workers' most iterations
+    cut RUN NODE LOG [any]         RUN ended after NODE's link was cut: LOG names every rank of NODE
                                    (by its rank number; with any, one of them at least)
 """
 
@@ -110,6 +120,99 @@ def cut(run: str, node: str, log: str, which: str = "all") -> None:
     print(f"{run}: the job's output names {node}'s rank(s) {', '.join(map(str, named))} of {ranks}")
 
 
+def accuracy(run: str, ref: str, tol: str = "0.01") -> None:
+    a, b = (json.loads(Path(d, "summary.json").read_text()) for d in (run, ref))
+    assert a["sync"] == b["sync"], f"{run} ran {a['sync']}, {ref} {b['sync']}"
+    d = abs(a["test_accuracy"] - b["test_accuracy"])
+    assert d <= float(tol), (f"{run}: {a['sync']} across nodes reached a test accuracy of {a['test_accuracy']:.4f}, "
+                             f"on one node {b['test_accuracy']:.4f} (off by {d:.4f} > {tol})")
+    print(f"{run}: {a['sync']} test accuracy {a['test_accuracy']:.4f} across nodes, {b['test_accuracy']:.4f} on one")
+
+
+def causal(run: str, out: str) -> None:
+    import subprocess
+
+    from ebsp_mpi.trace import read_run
+
+    traces = read_run(run)
+    server = traces[0]
+    pulls, pushes = server.table("pulls"), server.table("pushes")
+    servers = int(server.attrs["config"]["runtime"]["servers"])
+    worst_pull, worst_push, checked = np.inf, np.inf, 0
+    for rank, t in sorted(traces.items()):
+        if t.role != "worker":
+            continue
+        w, its = rank - servers, np.sort(t.table("iterations"), order="iteration")
+        p = np.sort(pulls[pulls["worker"] == w], order="t_request")
+        assert len(p) == len(its) + 1, f"{run}: worker {w}: {len(p)} pulls answered for {len(its)} iterations"
+        # pull 0 gives iteration 0's weights, pull j + 1 those that end iteration j
+        received = np.concatenate([its["t_start"][:1], its["t_end"]])
+        early = received - p["t_reply"]
+        j = int(np.argmin(early))
+        assert early[j] >= 0, (f"{run}: rank {rank} ({t.attrs['host']}) received pull {j} at {received[j]:.6f} s, "
+                               f"{-early[j] * 1e3:.3f} ms before the server sent it ({p['t_reply'][j]:.6f} s)")
+        q = pushes[pushes["worker"] == w]
+        slack = q["t"] - its["t_push"][q["iteration"] - its["iteration"][0]]
+        k = int(np.argmin(slack))
+        assert slack[k] >= 0, (f"{run}: the server received rank {rank}'s push of iteration {q['iteration'][k]} "
+                               f"{-slack[k] * 1e3:.3f} ms before {t.attrs['host']} posted it")
+        worst_pull, worst_push = min(worst_pull, float(early.min())), min(worst_push, float(slack.min()))
+        checked += len(p) + len(q)
+    end = max(float(t.table("iterations")["t_end"].max()) for t in traces.values() if t.role == "worker")
+    subprocess.run([sys.executable, "-m", "ebsp_mpi", "timeline", "-o", f"{out}.json", run], check=True,
+                   capture_output=True)
+    events = json.loads(Path(f"{out}.json").read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    ts = [e["ts"] / 1e6 for e in events if "ts" in e and e.get("ph") != "M"]
+    assert ts and min(ts) >= -1 and max(ts) <= end + 5, \
+        f"{run}: the timeline spans {min(ts):.3f} .. {max(ts):.3f} s, the run 0 .. {end:.3f} s"
+    report = subprocess.run([sys.executable, "-m", "ebsp_mpi", "report", "--out", f"{out}-report", run],
+                            capture_output=True, text=True)
+    assert report.returncode == 0, f"{run}: report exit {report.returncode}: {report.stderr[-500:]}"
+    hosts = sorted({t.attrs["host"] for t in traces.values()})
+    print(f"{run}: {checked} pulls and pushes across {','.join(hosts)} in causal order (closest: a reply "
+          f"received {worst_pull * 1e6:.0f} us after it was sent, a push {worst_push * 1e6:.0f} us); "
+          f"timeline {len(ts)} events within 0 .. {end:.2f} s; report reads it")
+
+
+def gpubind(out: str) -> None:
+    import os
+    import socket
+
+    env = os.environ
+    task = {"host": socket.gethostname(), "cuda": env.get("CUDA_VISIBLE_DEVICES"),
+            **{k: int(env[k]) for k in ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "EBSP_SERVERS")}}
+    Path(out, f"{task['SLURM_PROCID']}.json").write_text(json.dumps(task))
+
+
+def gpubound(out: str, gpus: str) -> None:
+    tasks = sorted((json.loads(f.read_text()) for f in Path(out).glob("*.json")), key=lambda t: t["SLURM_PROCID"])
+    assert tasks, f"{out}: no task wrote its binding"
+    shown, nodes = gpus.split(","), {}
+    for t in tasks:
+        rank, servers = t["SLURM_PROCID"], t["EBSP_SERVERS"]
+        if rank < servers:
+            assert t["cuda"] == "", f"rank {rank} (a server, on {t['host']}) sees GPUs {t['cuda']!r}"
+            continue
+        workers = nodes.setdefault(t["host"], [])  # the node's workers so far, by local id
+        want = shown[len(workers) % len(shown)]
+        assert t["cuda"] == want, (f"rank {rank} (worker, local id {t['SLURM_LOCALID']} on {t['host']}, worker "
+                                   f"{len(workers)} there) sees GPU {t['cuda']!r}, not {want!r}")
+        workers.append(t["cuda"])
+    servers = [t["host"] for t in tasks if t["SLURM_PROCID"] < t["EBSP_SERVERS"]]
+    print(f"{len(servers)} server(s) on {','.join(servers)} without GPUs; workers' GPUs "
+          + ", ".join(f"{h}: {','.join(g)}" for h, g in nodes.items()))
+
+
+def checkpointed(run: str) -> None:
+    from ebsp_mpi.checkpoint import read_checkpoint
+
+    ckpt = read_checkpoint(run)  # UsageError on a part that does not match its checksum
+    done = [int(i) for i in ckpt.iterations]
+    assert min(done) > 0, f"{run}: its last checkpoint counts iterations {done}"
+    print(max(done))
+
+
 def complete(run: str, workers: str, iterations: str, nodes: str) -> None:
     from ebsp_mpi.checkpoint import read_checkpoint
     from ebsp_mpi.trace import read_run
@@ -195,7 +298,9 @@ if __name__ == "__main__":
     command, *args = sys.argv[1:]
     try:
         {"bandwidth": bandwidth, "oracle": oracle, "placement": placement, "clocks": clocks, "eager": eager,
-         "devices": devices, "cut": cut, "complete": complete, "straggler": straggler}[command](*args)
+         "devices": devices, "cut": cut, "complete": complete, "straggler": straggler,
+         "accuracy": accuracy, "causal": causal, "gpubind": gpubind, "gpubound": gpubound,
+         "checkpointed": checkpointed}[command](*args)
     except AssertionError as e:
         print(f"FAILED: {e}")
         sys.exit(1)
