@@ -25,6 +25,13 @@ def run(*args, timeout=60, limit_as=None):
                           timeout=timeout, preexec_fn=limit if limit_as else None)
 
 
+def run_sweep_cli(tmp_path, text: str):
+    """``simulate --sweep FILE --train`` of a sweep file holding `text`, into ``tmp_path/out``."""
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(text)
+    return run("simulate", "--sweep", str(sweep), "--train", "--out", str(tmp_path / "out"), "-q", timeout=120)
+
+
 def test_a_replay_with_real_weights_past_its_recording_is_refused_and_leaves_no_run(tmp_path, capsys):
     assert main(["simulate", "--train", "--iterations", "10", "--out", str(tmp_path / "rec"), *SMALL]) == 0
     capsys.readouterr()
@@ -131,12 +138,10 @@ def test_ten_million_workers_under_ulimit_v_are_one_line(tmp_path):
 
 
 def test_a_sweep_checks_every_member_before_the_first_runs(tmp_path):
-    sweep = tmp_path / "s.toml"
-    sweep.write_text('name = "s"\nset = ["trace.enabled=false", "stop.iterations=5", "sync.model=asp"]\n'
-                     '[[member]]\nname = "a"\nset = ["sync.workers=2"]\n'
-                     '[[member]]\nname = "b"\nset = ["sync.workers=4"]\n'
-                     '[[member]]\nname = "c"\nset = ["sync.workers=4", "data.batch_size=100000"]\n')
-    p = run("simulate", "--sweep", str(sweep), "--train", "--out", str(tmp_path / "out"), "-q", timeout=120)
+    p = run_sweep_cli(tmp_path, 'name = "s"\nset = ["trace.enabled=false", "stop.iterations=5", "sync.model=asp"]\n'
+                      '[[member]]\nname = "a"\nset = ["sync.workers=2"]\n'
+                      '[[member]]\nname = "b"\nset = ["sync.workers=4"]\n'
+                      '[[member]]\nname = "c"\nset = ["sync.workers=4", "data.batch_size=100000"]\n')
     assert p.returncode == 2, p.stderr
     err = p.stderr.strip().splitlines()
     assert len(err) == 1 and "member 'c'" in err[0] and "batch_size" in err[0], p.stderr
@@ -145,12 +150,10 @@ def test_a_sweep_checks_every_member_before_the_first_runs(tmp_path):
 
 def test_a_sweep_marks_a_diverged_member_in_its_table_and_exits_1(tmp_path):
     pytest.importorskip("matplotlib")
-    sweep = tmp_path / "s.toml"
-    sweep.write_text('name = "s"\nset = ["trace.enabled=false", "stop.iterations=20", "sync.model=asp", '
-                     '"sync.workers=2"]\n'
-                     '[[member]]\nname = "fine"\nset = []\n'
-                     '[[member]]\nname = "wild"\nset = ["optim.lr=1e6"]\n')
-    p = run("simulate", "--sweep", str(sweep), "--train", "--out", str(tmp_path / "out"), "-q", timeout=120)
+    p = run_sweep_cli(tmp_path, 'name = "s"\nset = ["trace.enabled=false", "stop.iterations=20", "sync.model=asp", '
+                      '"sync.workers=2"]\n'
+                      '[[member]]\nname = "fine"\nset = []\n'
+                      '[[member]]\nname = "wild"\nset = ["optim.lr=1e6"]\n')
     assert p.returncode == 1, p.stderr
     err = p.stderr.strip().splitlines()
     assert len(err) == 1 and "wild" in err[0], p.stderr
@@ -176,12 +179,10 @@ def test_running_out_of_memory_past_the_estimate_is_one_line_and_leaves_no_run(t
 
 
 def test_a_sweep_refuses_a_members_evaluations_past_the_bound_before_the_first_runs(tmp_path):
-    sweep = tmp_path / "s.toml"
-    sweep.write_text('name = "s"\nset = ["trace.enabled=false", "stop.iterations=0", "stop.epochs=0", '
-                     '"stop.seconds=0.2", "sync.model=asp", "sync.workers=2"]\n'
-                     '[[member]]\nname = "a"\nset = []\n'
-                     '[[member]]\nname = "b"\nset = ["eval.every_seconds=1e-7"]\n')
-    p = run("simulate", "--sweep", str(sweep), "--train", "--out", str(tmp_path / "out"), "-q", timeout=120)
+    p = run_sweep_cli(tmp_path, 'name = "s"\nset = ["trace.enabled=false", "stop.iterations=0", "stop.epochs=0", '
+                      '"stop.seconds=0.2", "sync.model=asp", "sync.workers=2"]\n'
+                      '[[member]]\nname = "a"\nset = []\n'
+                      '[[member]]\nname = "b"\nset = ["eval.every_seconds=1e-7"]\n')
     assert p.returncode == 2, p.stderr
     err = p.stderr.strip().splitlines()
     assert len(err) == 1 and "member 'b'" in err[0] and "eval.every_seconds" in err[0], p.stderr
@@ -191,12 +192,10 @@ def test_a_sweep_refuses_a_members_evaluations_past_the_bound_before_the_first_r
 def test_a_sweep_member_refused_only_as_it_runs_undoes_the_whole_sweep(tmp_path):
     """Stopped by iterations, a member's evaluations are counted as it runs: its refusal removes what
     the sweep made, the members that ran before it included."""
-    sweep = tmp_path / "s.toml"
-    sweep.write_text('name = "s"\nset = ["trace.enabled=false", "stop.iterations=20", "sync.model=asp", '
-                     '"sync.workers=2"]\n'
-                     '[[member]]\nname = "a"\nset = []\n'
-                     '[[member]]\nname = "b"\nset = ["eval.every_seconds=1e-7"]\n')
-    p = run("simulate", "--sweep", str(sweep), "--train", "--out", str(tmp_path / "out"), "-q", timeout=120)
+    p = run_sweep_cli(tmp_path, 'name = "s"\nset = ["trace.enabled=false", "stop.iterations=20", "sync.model=asp", '
+                      '"sync.workers=2"]\n'
+                      '[[member]]\nname = "a"\nset = []\n'
+                      '[[member]]\nname = "b"\nset = ["eval.every_seconds=1e-7"]\n')
     assert p.returncode == 2, p.stderr
     err = p.stderr.strip().splitlines()
     assert len(err) == 1 and "member 'b'" in err[0] and "eval.every_seconds" in err[0], p.stderr

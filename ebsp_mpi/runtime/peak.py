@@ -69,7 +69,7 @@ class PeakMemory:
             self.bound = pool_bound(predicted_bytes, limit_bytes)
             if self.bound is not None:
                 self.pool.set_limit(size=self.base + self.bound)
-            self.live = _LiveHighWater(backend.xp, self.pool)
+            self.live = _live_high_water(backend.xp, self.pool)
             self.live.__enter__()
 
     @property
@@ -132,7 +132,7 @@ class PeakMemory:
         return int(peak)
 
 
-def _LiveHighWater(xp, pool):
+def _live_high_water(xp, pool):
     """A CuPy memory hook (entered in this thread) that keeps in ``high`` the most bytes the pool's
     arrays held at once, read after every allocation; ``start`` is what they held when it was made."""
 
