@@ -1,6 +1,7 @@
 """SGD against a hand-written reference, learning-rate schedules, and a small training run."""
 
 import math
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -160,9 +161,26 @@ def _finds_every_kind_of_non_finite(dtype):
             a = np.ones(4096, dtype=dtype)
             a[where] = bad
             assert not kernels.all_finite(a), (bad, where)
-        big = np.ones(300_000, dtype=dtype)  # past the zeros asked for so far: the buffer grows
-        big[-1] = bad
-        assert not kernels.all_finite(big) and kernels.all_finite(big[:-1])
+        # many blocks of zeros, and a partial one: a bad value in a whole block, in the rest, at a border
+        big = np.ones(3 * kernels.CHECK_BLOCK + 5, dtype=dtype)
+        for where in (kernels.CHECK_BLOCK - 1, kernels.CHECK_BLOCK, 2 * kernels.CHECK_BLOCK + 7, big.size - 1):
+            big[where] = bad
+            assert not kernels.all_finite(big), (bad, where)
+            big[where] = 1.0
+        assert kernels.all_finite(big)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_all_finite_allocates_nothing_the_size_of_its_array(dtype):
+    # OSDP's peak (runtime/peak.py, tracemalloc) counts whatever a worker allocates while it trains
+    a = np.ones(1_000_000, dtype=dtype)
+    tracemalloc.start()
+    try:
+        assert kernels.all_finite(a)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4096, peak
 
 
 @pytest.mark.parametrize("layout", ["strided", "2-D", "float16", "read-only"])

@@ -142,31 +142,35 @@ def make_step(dtype, *, momentum: float, nesterov: bool, weight_decay: float):
 def all_finite(a) -> bool:
     """True when the float array `a` holds no NaN or Inf.
 
-    A 1-D float32 or float64 NumPy array: its dot product with zeros, one BLAS pass. Each product is
-    0 for a finite value and NaN for a NaN or an Inf (0 * Inf is NaN), so the sum is finite exactly
-    when every value is; it never overflows. Faster than min and max (measured, with the error-state
-    guard: 8 against 10 us on 17,500 float32; 4.0 against 7.5 ms on 1e7). Otherwise (other
+    A 1-D float32 or float64 NumPy array: its dot product with zeros, one BLAS pass, a block of
+    :data:`CHECK_BLOCK` values at a time against one block of zeros made at import. Each product is 0
+    for a finite value and NaN for a NaN or an Inf (0 * Inf is NaN), so the sum is finite exactly when
+    every value is; it never overflows. The zeros stay one block, whatever the size of `a`: zeros as
+    long as the gradient were an allocation the size of the model, which OSDP's peak memory counted
+    against its plan (+47 % at a 24 MiB limit). Block by block is as fast as one dot (0.94 against
+    1.17 ms on 3.5e6 float32: the block stays in cache), and faster than min and max. Otherwise (other
     dtypes, more dimensions, device arrays) min and max, which propagate NaN (and +-Inf is an extreme
     itself): two reductions without the temporary array of ``isfinite(a).all()``.
     """
     if type(a) is np.ndarray and a.ndim == 1 and (a.dtype == np.float32 or a.dtype == np.float64):
+        zeros, n = _ZEROS[a.dtype], a.size
         with np.errstate(invalid="ignore"):  # 0 * Inf: a NaN product is the answer, not a warning
+            total = 0.0
+            for start in range(0, n - CHECK_BLOCK + 1, CHECK_BLOCK):
+                total += a[start:start + CHECK_BLOCK].dot(zeros)
+            rest = n % CHECK_BLOCK
+            if rest:
+                total += a[n - rest:].dot(zeros[:rest])
             # math.isfinite on the scalar: NumPy's isfinite and bool() cost 3.5 of 9 us on 9,738 float32
-            return math.isfinite(a.dot(_zeros(a.dtype, a.size)))
+            return math.isfinite(total)
     return bool(np.isfinite(a.max()) and np.isfinite(a.min())) if a.size else True
 
 
-_ZEROS: dict = {}
-
-
-def _zeros(dtype, n: int) -> np.ndarray:
-    """`n` zeros of `dtype`, a view of one buffer per dtype that grows to the largest `n` asked for
-    (a large one is calloc'ed: untouched pages are the kernel's one zero page, so reading it costs no
-    memory and stays in cache)."""
-    z = _ZEROS.get(dtype)
-    if z is None or z.size < n:
-        z = _ZEROS[dtype] = np.zeros(max(n, 1024), dtype=dtype)
-    return z[:n]
+#: values :func:`all_finite` checks per BLAS call: its zeros are one block of this many (64 KiB of float32)
+CHECK_BLOCK = 16384
+# made at import, before any run measures its peak: a fixed 192 KiB, whatever the model
+_ZEROS = {np.dtype(np.float32): np.zeros(CHECK_BLOCK, np.float32),
+          np.dtype(np.float64): np.zeros(CHECK_BLOCK, np.float64)}
 
 
 def warm_up(dtype=np.float32) -> bool:
