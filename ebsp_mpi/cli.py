@@ -244,10 +244,13 @@ def _train(args) -> int:
     from . import reference
     from .outputs import describe_run, make_run_dir, release_lock, remove_if_unused, training_failed
 
+    from .stop_signals import StopSignals
+
     run_dir = make_run_dir(out, job.name, resume=bool(args.resume))
+    stop = StopSignals()
     try:
         summary = reference.train(job, run_dir, workers, show_progress=not args.quiet, resume=bool(args.resume),
-                                  plan=plan)
+                                  plan=plan, stop=stop)
     except UsageError:
         remove_if_unused(run_dir)  # bad input found while setting up: leave no empty run behind
         raise
@@ -257,4 +260,4 @@ def _train(args) -> int:
     if failed:
         print(f"ebsp_mpi: error: {failed}", file=sys.stderr)
         return EXIT_FAILURE
-    return 0
+    return stop.exit_code

@@ -9,7 +9,6 @@ optimizer step. It is the oracle that BSP over MPI must match (docs/design.md, "
 from __future__ import annotations
 
 import logging
-import signal
 import time
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from .config import JobConfig
 from .nn.average import round_mean
 from .outputs import build_summary
 from .progress import Progress
+from .stop_signals import StopSignals
 from .run_description import RunDescription, describe, read_osdp_plan
 from .run_record import RunRecord
 
@@ -29,13 +29,14 @@ log = logging.getLogger(__name__)
 
 
 def train(job: JobConfig, run_dir: Path, workers: int, show_progress: bool = True, resume: bool = False,
-          plan=FROM_JOB) -> dict:
+          plan=FROM_JOB, stop: StopSignals | None = None) -> dict:
     """Train until a stop condition; write ``summary.json`` and ``model.h5`` into `run_dir`.
 
     Checkpoints go to ``run_dir/checkpoint.h5`` every ``checkpoint.every_seconds``, at the end, and on
-    SIGTERM (which ends the run there). With `resume`, the run continues from that checkpoint. `plan`:
-    the job's OSDP plan as the command line read it (``run_description.read_osdp_plan``), by default
-    read here.
+    SIGTERM or SIGINT (Ctrl-C), which end the run there. With `resume`, the run continues from that
+    checkpoint. `plan`: the job's OSDP plan as the command line read it
+    (``run_description.read_osdp_plan``), by default read here. `stop`: where the signals are noted
+    (its ``exit_code`` tells the caller which came).
 
     Returns
     -------
@@ -45,14 +46,13 @@ def train(job: JobConfig, run_dir: Path, workers: int, show_progress: bool = Tru
     if plan is FROM_JOB:
         plan = read_osdp_plan(job)
     trainer = ReferenceTrainer(describe(job, workers, plan), run_dir, resume)
-    terminate = []
-    previous_handler = signal.signal(signal.SIGTERM, lambda signum, frame: terminate.append(True))
+    stop = (StopSignals() if stop is None else stop).install()
     try:
-        wall = trainer.run(Progress(trainer.limit, enabled=show_progress), terminate)
+        wall = trainer.run(Progress(trainer.limit, enabled=show_progress), stop)
     finally:
-        signal.signal(signal.SIGTERM, previous_handler)
-    if terminate:
-        log.warning("SIGTERM: stopped at step %d, after a checkpoint", trainer.step)
+        stop.restore()
+    if stop:
+        log.warning("%s: stopped at step %d, after a checkpoint", stop.name, trainer.step)
     return trainer.finish(wall)
 
 
@@ -90,8 +90,9 @@ class ReferenceTrainer:
             log.info("resumed from the checkpoint at %.1f s, step %d", self.resumed_at, self.step)
         self.record = RunRecord(description, run_dir, ckpt)
 
-    def run(self, progress: Progress, terminate: list) -> float:
-        """Take steps until a stop condition or `terminate`; returns the run's seconds."""
+    def run(self, progress: Progress, terminate) -> float:
+        """Take steps until a stop condition or `terminate` (true once a stop signal came); returns the
+        run's seconds."""
         t0 = time.perf_counter() - self.resumed_at  # a resumed run's clock goes on from its checkpoint
         self.record.start(self.resumed_at)
         while not (terminate or self._should_stop(time.perf_counter() - t0)):

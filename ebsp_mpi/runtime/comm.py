@@ -20,6 +20,7 @@ from .. import __version__
 from ..config import to_dict
 from ..errors import OutputError, UsageError
 from ..safe_text import clean_text
+from ..stop_signals import StopSignals
 from ..trace.writer import open_trace
 from .protocol import ALIVE_TAG, CLOCK_TAG, chunk_bytes_for
 
@@ -234,19 +235,22 @@ def _cpus() -> set[int]:
     return set(range(os.cpu_count() or 1))
 
 
-_terminate = []  # holds True once SIGTERM has come
+#: SIGTERM and SIGINT (Ctrl-C) noted here, from :func:`setup` on
+stop_signals = StopSignals()
 
 
 def _note_termination_requests() -> None:
-    """Take SIGTERM as a request to stop cleanly rather than die: Slurm sends it to every task before a
-    time limit or a preemption (``--signal``). The server then checkpoints and stops the workers at
-    their next pull (:func:`terminate_requested`); a worker goes on until the server stops it."""
-    signal.signal(signal.SIGTERM, lambda signum, frame: _terminate.append(True))
+    """Take SIGTERM and SIGINT as a request to stop cleanly rather than die: Slurm sends SIGTERM to every
+    task before a time limit or a preemption (``--signal``), a terminal's Ctrl-C sends SIGINT to every
+    rank. The server then checkpoints and stops the workers at their next pull
+    (:func:`terminate_requested`); a worker goes on until the server stops it."""
+    if not stop_signals.previous:
+        stop_signals.install()
 
 
 def terminate_requested() -> bool:
-    """SIGTERM has come to this process."""
-    return bool(_terminate)
+    """SIGTERM or SIGINT has come to this process."""
+    return bool(stop_signals)
 
 
 class PeerFailure(JobFailure):

@@ -76,13 +76,13 @@ def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True, resume:
         mpi.abort(ctx, e)
         return 1  # MPI_Abort ends the process; should it come back, this rank has still failed
     if ctx.rank != 0:
-        return 0
+        return mpi.stop_signals.exit_code  # 130 after Ctrl-C: the launcher reports the largest code
     print(describe_run(summary, role.run_dir))
     failed = training_failed(summary)
     if failed:
         print(f"ebsp_mpi: error: {failed}", file=sys.stderr)
         return 1
-    return 0
+    return mpi.stop_signals.exit_code
 
 
 def _start(job: JobConfig):

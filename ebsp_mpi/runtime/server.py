@@ -32,7 +32,8 @@ from ..errors import UsageError
 from ..sync.base import Record
 from ..sync.coordinator import Apply, Coordinator, Reject, Reply, Round
 from ..sync.registry import make_policy
-from .comm import HOUSEKEEPING_S, Context, KeepAlive, StallError, open_rank_trace, terminate_requested
+from .comm import (HOUSEKEEPING_S, Context, KeepAlive, StallError, open_rank_trace, stop_signals,
+                   terminate_requested)
 from .faults import fault_for
 from .fetch import FetchServer
 from .layout import make_layout
@@ -220,7 +221,7 @@ class Server:
         self._keep_alive(now)
         self.peers.housekeeping(now)
         if terminate_requested() and not self.coordinator.stopping:
-            log.warning("SIGTERM: the run stops at each worker's next pull, after a checkpoint")
+            log.warning("%s: the run stops at each worker's next pull, after a checkpoint", stop_signals.name)
             self.coordinator.request_stop()
         if self._checkpoint_due(now) and not self.policy.round_based:  # BSP's: at a round's end
             self._checkpoint(now)
