@@ -199,9 +199,10 @@ def describe_run(summary: dict, run_dir) -> str:
     def fmt(x):
         return "n/a" if x is None else f"{x:.4f}"
 
+    # a single process pushes nothing: it has no pushes to reject
+    rejected = f", {summary['rejected_pushes']} rejected pushes" if summary["world_size"] > 1 else ""
     return (f"{summary['sync']}: {summary['workers']} worker(s), {summary['wall_seconds']:.1f} s, test accuracy "
-            f"{fmt(summary['test_accuracy'])}, test loss {fmt(summary['test_loss'])}, "
-            f"{summary['rejected_pushes']} rejected pushes -> {run_dir}")
+            f"{fmt(summary['test_accuracy'])}, test loss {fmt(summary['test_loss'])}{rejected} -> {run_dir}")
 
 
 def training_failed(summary: dict) -> str | None:

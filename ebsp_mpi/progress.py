@@ -25,19 +25,28 @@ class Progress:
         False silences it (``--quiet``).
     log_every_s : float
         Seconds between plain lines when `stream` is not a terminal.
+    start : int
+        Units done before this process began (a resumed run's): the rate and the ETA count only the
+        units done since.
+    counts : str, optional
+        What the count is, after it (``"summed over 4 workers"``).
+    samples_per_unit : int, optional
+        Samples a unit trains on: shows samples/s.
     """
 
     def __init__(self, total: int | None, unit: str = "it", stream=None, enabled: bool = True,
-                 log_every_s: float = 5.0):
+                 log_every_s: float = 5.0, start: int = 0, counts: str | None = None,
+                 samples_per_unit: int | None = None):
         self.total = total
         self.unit = unit
         self.stream = stream if stream is not None else sys.stderr
         self.enabled = enabled
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.interval = 0.1 if self.tty else log_every_s
+        self.start, self.counts, self.samples_per_unit = start, counts, samples_per_unit
         self.t0 = time.monotonic()
         self._last = -float("inf")
-        self._drawn = False
+        self._written: str | None = None  # the last plain line, to not write the final one twice
 
     def update(self, done: int, **fields) -> None:
         """Show progress now if enough time passed since the last report; `fields` are appended."""
@@ -51,27 +60,52 @@ class Progress:
         """Show the final state and end the line."""
         if not self.enabled:
             return
-        self._write(done, fields, time.monotonic())
+        self._write(done, fields, time.monotonic(), final=True)
         if self.tty:
             self.stream.write("\n")
             self.stream.flush()
 
-    def _write(self, done: int, fields: dict, now: float) -> None:
-        elapsed = now - self.t0
-        rate = done / elapsed if elapsed > 0 else 0.0
-        extra = "  ".join(f"{k} {_fmt(v)}" for k, v in fields.items() if v is not None)
-        if self.total:
-            frac = min(1.0, done / self.total)
-            count = f"{done}/{self.total} {self.unit} ({frac:4.0%})"
-        else:
-            frac, count = None, f"{done} {self.unit}"
-        text = f"{count}  {elapsed:6.1f} s  {rate:7.1f} {self.unit}/s  {extra}".rstrip()
+    def _write(self, done: int, fields: dict, now: float, final: bool = False) -> None:
+        text, frac = self.line(done, fields, now - self.t0, final)
         if self.tty:
             bar = "" if frac is None else "[" + "#" * int(frac * 24) + "." * (24 - int(frac * 24)) + "] "
             self.stream.write("\r" + bar + text + "\x1b[K")
         else:
+            # a log's last line already at `done` (its update came at the last unit): not again
+            count = text.split("  ", 1)[0]
+            if final and self._written == count:
+                return
+            self._written = count
             self.stream.write(text + "\n")
         self.stream.flush()
+
+    def line(self, done: int, fields: dict, elapsed: float, final: bool = False) -> tuple[str, float | None]:
+        """The text for `done` units `elapsed` seconds after this process began, and the fraction done
+        (None without a total)."""
+        rate = (done - self.start) / elapsed if elapsed > 0 else 0.0
+        counts = f" {self.counts}" if self.counts else ""
+        if self.total:
+            frac = min(1.0, done / self.total)
+            count = f"{done}/{self.total} {self.unit}{counts} ({frac:4.0%})"
+        else:
+            frac, count = None, f"{done} {self.unit}{counts}"
+        parts = [count, f"{elapsed:6.1f} s", f"{rate:7.1f} {self.unit}/s"]
+        if self.samples_per_unit:
+            parts.append(f"{rate * self.samples_per_unit:.0f} samples/s")
+        if self.total and not final and rate > 0 and done < self.total:
+            parts.append(f"ETA {_duration((self.total - done) / rate)}")
+        parts += [f"{k} {_fmt(v)}" for k, v in fields.items() if v is not None]
+        return "  ".join(parts), frac
+
+
+def _duration(seconds: float) -> str:
+    """``42 s``, ``3 min 05 s``, ``2 h 07 min``."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
 
 
 def _fmt(v) -> str:

@@ -48,7 +48,10 @@ def train(job: JobConfig, run_dir: Path, workers: int, show_progress: bool = Tru
     trainer = ReferenceTrainer(describe(job, workers, plan), run_dir, resume)
     stop = (StopSignals() if stop is None else stop).install()
     try:
-        wall = trainer.run(Progress(trainer.limit, enabled=show_progress), stop)
+        # a resumed run's rate counts this process's steps; a step trains on every worker's batch
+        progress = Progress(trainer.limit, enabled=show_progress, start=trainer.step,
+                            samples_per_unit=job.data.batch_size * workers)
+        wall = trainer.run(progress, stop)
     finally:
         stop.restore()
     if stop:

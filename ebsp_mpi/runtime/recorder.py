@@ -58,7 +58,11 @@ class Recorder:
                 self.resumed_totals[name][...] = resumed.totals[name]
             self.last_loss[...] = resumed.totals[LAST_LOSS]
         total = sum(limits) if all(lim is not None for lim in limits) else None
-        self.progress = Progress(total, enabled=show_progress)
+        # pushes summed over the workers; a resumed run's rate counts those since it resumed
+        self.progress = Progress(total, unit="pushes", enabled=show_progress, counts=f"summed over {n} workers",
+                                 start=int(sum(resumed.iterations)) if resumed is not None else 0,
+                                 samples_per_unit=self.job.data.batch_size)
+        self.num_train = ds.num_train
 
     def pushed(self, w: int, head: np.ndarray) -> None:
         """Worker `w`'s push, with header `head`, is taken in."""
@@ -121,7 +125,9 @@ class Recorder:
 
     def show_progress(self, coordinator) -> None:
         heard = self.last_loss[~np.isnan(self.last_loss)]
-        self.progress.update(sum(coordinator.pushes), loss=float(heard.mean()) if heard.size else None,
+        pushes = sum(coordinator.pushes)
+        self.progress.update(pushes, epoch=round(pushes * self.job.data.batch_size / self.num_train, 2),
+                             loss=float(heard.mean()) if heard.size else None,
                              test_acc=self.record.last_eval[1], version=coordinator.version)
 
     def summary(self, wall: float, coordinator, policy, stats: list[dict], **rank_figures) -> dict:

@@ -99,8 +99,9 @@ class Server:
 
     def run(self) -> dict:
         backoff = self.ctx.backoff()
-        log.info("server: %s with %d workers, %d parameters in %d messages per push, stop at %s iterations",
-                 self.policy.name, self.n, self.space.size, len(self.layout.chunks), self.limits)
+        messages = len(self.layout.chunks)
+        log.info("server: %s with %d workers, %d parameters in %d message%s per push, %s", self.policy.name, self.n,
+                 self.space.size, messages, "" if messages == 1 else "s", stop_text(self.limits, self.job.stop.seconds))
         if self.description.plan is not None and self.ctx.any_oversubscribed:
             log.warning("osdp: ranks share cores: the plan's predicted iteration time assumes a core per rank "
                         "(docs/osdp.md)")
@@ -374,3 +375,15 @@ class Server:
                              bytes=self.store.bytes.as_dict())
         self.trace.close()
         return summary
+
+
+def stop_text(limits: list[int | None], seconds: float) -> str:
+    """When the run stops, for its first line: each worker's iteration limit (None: none) and the time
+    limit `seconds` (0: none)."""
+    known = [lim for lim in limits if lim is not None]
+    parts = []
+    if known:
+        parts.append(f"{known[0]} iterations per worker" if len(set(limits)) == 1 else f"{limits} iterations")
+    if seconds > 0:
+        parts.append(f"{seconds:g} s")
+    return "stop at " + " or ".join(parts) if parts else "no stop but a signal"
