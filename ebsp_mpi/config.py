@@ -115,7 +115,7 @@ class StopConfig:
 
 @dataclass
 class EvalConfig:
-    every_seconds: float = _opt(1.0, "evaluate on the test split every this many wall seconds", gt=0.0)
+    every_seconds: float = _opt(0.1, "evaluate on the test split every this many wall seconds", gt=0.0)
     targets: list[float] = _opt([0.9, 0.95], "test accuracies whose first time goes into time_to_accuracy",
                                 gt=0.0, max=1.0)
     batch_size: int = _opt(512, "samples per evaluation slice (the server serves messages between slices)",

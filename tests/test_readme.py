@@ -122,6 +122,8 @@ def why_not_run(line: str) -> str | None:
     """The reason a README line is left out (see the module docstring), or None."""
     if any(part in line for part in ("python3 -m venv", "pip install", "pytest")):
         return ".ci/run"
+    if line.startswith(". .venv/bin/activate"):
+        return "the tests run the venv's python and mpiexec already"
     if shlex.split(line, comments=True)[0] in ("sbatch", "srun"):
         return "Slurm"
     return None
@@ -194,7 +196,8 @@ def to_argv(line: str, workdir: Path) -> list[str]:
         stop = 2 * ITERATIONS if "--resume" in argv else ITERATIONS
         argv += ["--set", f"stop.iterations={stop}", "-q"]
     elif sub == "simulate":
-        argv[argv.index("--iterations") + 1] = str(SIM_ITERATIONS)
+        if "--train" not in argv:  # a --train run is short already, and must run long enough to learn
+            argv[argv.index("--iterations") + 1] = str(SIM_ITERATIONS)
         argv.append("-q")
     return argv
 
@@ -244,8 +247,10 @@ def test_a_readme_line_runs(line, workdir):
         else:
             run = workdir / named[0] if named else new_run(workdir, before)
         summary = json.loads((run / "summary.json").read_text())
-        expected = SIM_ITERATIONS if sub == "simulate" else 2 * ITERATIONS if "--resume" in argv else ITERATIONS
+        expected = int(argv[argv.index("--iterations") + 1]) if sub == "simulate" else \
+            2 * ITERATIONS if "--resume" in argv else ITERATIONS
         assert summary["iterations"] == [expected] * summary["workers"], summary["iterations"]
+        shows_what_it_is_for(line, summary)
         if summary["world_size"] > 1:  # the single-process trainer writes no trace
             assert (run / "trace" / f"rank-{summary['world_size'] - 1:04d}.h5").is_file()
         if sub == "train" or "--train" in argv:  # real weights: a model, and its accuracy
@@ -262,6 +267,23 @@ def test_a_readme_line_runs(line, workdir):
         assert json.loads((workdir / named[0]).read_text())["traceEvents"]
     else:  # config, compare: they print
         assert p.stdout.strip()
+
+
+def shows_what_it_is_for(line: str, summary: dict) -> None:
+    """A simulation of ElasticBSP has stragglers to wait for (its wait is above zero), and a simulation
+    with real weights learns (test accuracy well above the digits' chance of 0.1)."""
+    if "simulate" in line and "elasticbsp" in line:
+        assert sum(summary["wait_seconds"]) > 0, f"{line}: no worker waited"
+    if "simulate" in line and "--train" in line:
+        assert summary["test_accuracy"] > 0.5, f"{line}: did not learn: {summary['test_accuracy']}"
+
+
+def test_the_running_jobs_block_starts_in_the_venv_of_the_install_line():
+    """A bare ``python`` there has h5py and mpi4py only in the venv that command 1 makes."""
+    first = next(c for c in COMMANDS if why_not_run(c) is None)
+    activate = COMMANDS[COMMANDS.index(first) - 1]
+    assert activate.startswith(". .venv/bin/activate"), activate
+    assert "python3 -m venv .venv " in COMMANDS[0], COMMANDS[0]
 
 
 @pytest.mark.parametrize("line, output", EXAMPLES, ids=[c for c, _ in EXAMPLES])
