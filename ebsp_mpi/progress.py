@@ -32,11 +32,15 @@ class Progress:
         What the count is, after it (``"summed over 4 workers"``).
     samples_per_unit : int, optional
         Samples a unit trains on: shows samples/s.
+    stop_seconds : float
+        The run's time limit (0: none), for the ETA of a run that stops at a time.
+    clock_start : float
+        The run's clock when this process began (a resumed run's goes on from its checkpoint).
     """
 
     def __init__(self, total: int | None, unit: str = "it", stream=None, enabled: bool = True,
                  log_every_s: float = 5.0, start: int = 0, counts: str | None = None,
-                 samples_per_unit: int | None = None):
+                 samples_per_unit: int | None = None, stop_seconds: float = 0.0, clock_start: float = 0.0):
         self.total = total
         self.unit = unit
         self.stream = stream if stream is not None else sys.stderr
@@ -44,6 +48,7 @@ class Progress:
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.interval = 0.1 if self.tty else log_every_s
         self.start, self.counts, self.samples_per_unit = start, counts, samples_per_unit
+        self.stop_seconds, self.clock_start = stop_seconds, clock_start
         self.t0 = time.monotonic()
         self._last = -float("inf")
         self._written: str | None = None  # the last plain line, to not write the final one twice
@@ -92,8 +97,13 @@ class Progress:
         parts = [count, f"{elapsed:6.1f} s", f"{rate:7.1f} {self.unit}/s"]
         if self.samples_per_unit:
             parts.append(f"{rate * self.samples_per_unit:.0f} samples/s")
-        if self.total and not final and rate > 0 and done < self.total:
-            parts.append(f"ETA {_duration((self.total - done) / rate)}")
+        left = []  # seconds to each limit: the first one reached ends the run
+        if self.total and rate > 0 and done < self.total:
+            left.append((self.total - done) / rate)
+        if self.stop_seconds > 0:
+            left.append(max(0.0, self.stop_seconds - self.clock_start - elapsed))
+        if left and not final:
+            parts.append(f"ETA {_duration(min(left))}")
         parts += [f"{k} {_fmt(v)}" for k, v in fields.items() if v is not None]
         return "  ".join(parts), frac
 

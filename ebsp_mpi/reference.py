@@ -50,7 +50,8 @@ def train(job: JobConfig, run_dir: Path, workers: int, show_progress: bool = Tru
     try:
         # a resumed run's rate counts this process's steps; a step trains on every worker's batch
         progress = Progress(trainer.limit, enabled=show_progress, start=trainer.step,
-                            samples_per_unit=job.data.batch_size * workers)
+                            samples_per_unit=job.data.batch_size * workers, stop_seconds=job.stop.seconds,
+                            clock_start=trainer.resumed_at)
         wall = trainer.run(progress, stop)
     finally:
         stop.restore()

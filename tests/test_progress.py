@@ -34,6 +34,14 @@ def test_the_count_says_what_it_counts_and_the_eta_reads_as_a_duration():
     assert "ETA" not in final
 
 
+def test_a_run_that_stops_at_a_time_shows_the_time_left_as_its_eta():
+    p = Progress(None, stream=io.StringIO(), stop_seconds=60.0, clock_start=20.0)
+    text, frac = p.line(500, {}, elapsed=10.0)
+    assert frac is None and "ETA 30 s" in text, text
+    sooner, _ = Progress(600, stream=io.StringIO(), stop_seconds=60.0).line(500, {}, elapsed=10.0)
+    assert "ETA 2 s" in sooner, sooner  # the iteration limit comes first
+
+
 def test_a_log_gets_the_final_line_once():
     out = io.StringIO()
     p = Progress(5, stream=out, log_every_s=0.0)

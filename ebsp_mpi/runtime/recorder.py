@@ -61,7 +61,8 @@ class Recorder:
         # pushes summed over the workers; a resumed run's rate counts those since it resumed
         self.progress = Progress(total, unit="pushes", enabled=show_progress, counts=f"summed over {n} workers",
                                  start=int(sum(resumed.iterations)) if resumed is not None else 0,
-                                 samples_per_unit=self.job.data.batch_size)
+                                 samples_per_unit=self.job.data.batch_size, stop_seconds=self.job.stop.seconds,
+                                 clock_start=resumed.run_seconds if resumed is not None else 0.0)
         self.num_train = ds.num_train
 
     def pushed(self, w: int, head: np.ndarray) -> None:
