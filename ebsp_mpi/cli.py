@@ -243,7 +243,6 @@ def _train(args) -> int:
 
     from . import reference
     from .outputs import describe_run, make_run_dir, release_lock, remove_if_unused, training_failed
-
     from .stop_signals import StopSignals
 
     run_dir = make_run_dir(out, job.name, resume=bool(args.resume))

@@ -21,9 +21,9 @@ from .config import JobConfig
 from .nn.average import round_mean
 from .outputs import build_summary
 from .progress import Progress
-from .stop_signals import StopSignals
 from .run_description import RunDescription, describe, read_osdp_plan
 from .run_record import RunRecord
+from .stop_signals import StopSignals
 
 log = logging.getLogger(__name__)
 

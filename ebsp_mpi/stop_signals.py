@@ -20,9 +20,11 @@ class StopSignals:
         self.received: list[int] = []
         self.previous: dict[int, object] = {}
 
-    def install(self) -> StopSignals:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self.previous[sig] = signal.signal(sig, self._note)
+    def install(self, *signals: int) -> StopSignals:
+        """Note `signals` (default SIGTERM and SIGINT) from now on; a signal noted already stays so."""
+        for sig in signals or (signal.SIGTERM, signal.SIGINT):
+            if sig not in self.previous:
+                self.previous[sig] = signal.signal(sig, self._note)
         return self
 
     def restore(self) -> None:

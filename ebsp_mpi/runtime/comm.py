@@ -235,17 +235,22 @@ def _cpus() -> set[int]:
     return set(range(os.cpu_count() or 1))
 
 
-#: SIGTERM and SIGINT (Ctrl-C) noted here, from :func:`setup` on
+#: SIGTERM noted here from :func:`setup` on; SIGINT (Ctrl-C) too once a training run takes it
+#: (:func:`take_ctrl_c`: a benchmark still dies of it)
 stop_signals = StopSignals()
 
 
 def _note_termination_requests() -> None:
-    """Take SIGTERM and SIGINT as a request to stop cleanly rather than die: Slurm sends SIGTERM to every
-    task before a time limit or a preemption (``--signal``), a terminal's Ctrl-C sends SIGINT to every
-    rank. The server then checkpoints and stops the workers at their next pull
-    (:func:`terminate_requested`); a worker goes on until the server stops it."""
-    if not stop_signals.previous:
-        stop_signals.install()
+    """Take SIGTERM as a request to stop cleanly rather than die: Slurm sends it to every task before a
+    time limit or a preemption (``--signal``). The server then checkpoints and stops the workers at
+    their next pull (:func:`terminate_requested`); a worker goes on until the server stops it."""
+    stop_signals.install(signal.SIGTERM)
+
+
+def take_ctrl_c() -> None:
+    """Take SIGINT as SIGTERM: a terminal's Ctrl-C sends it to every rank (and MPICH's mpiexec once
+    more), and a training run then stops as after SIGTERM, exiting 130 (:mod:`ebsp_mpi.stop_signals`)."""
+    stop_signals.install(signal.SIGINT)
 
 
 def terminate_requested() -> bool:

@@ -94,6 +94,7 @@ def _start(job: JobConfig):
                          f"launcher and this MPI library do not speak the same process-management interface "
                          f"(under srun: --mpi=$(python -m ebsp_mpi.slurm mpi); see slurm/README.md)")
     ctx = mpi.setup()
+    mpi.take_ctrl_c()
     ctx.servers = job.runtime.servers
     if ctx.rank != 0:
         logging.getLogger().setLevel(logging.WARNING)
