@@ -47,10 +47,11 @@ def shorten(argv: list[str]) -> list[str]:
     return argv + ["-q"] if sub in ("train", "simulate", "profile", "plan") else argv
 
 
-def run_block(lines: list[str], tmp: Path) -> dict[str, Path]:
+def run_block(lines: list[str], tmp: Path, link_jobs: bool = True) -> dict[str, Path]:
     """Run each line in `tmp` (which links to the repository's ``jobs/``), with /tmp/ as `tmp`; every
     line must exit 0. Returns the paths the lines named after --out or --json (by their name)."""
-    (tmp / "jobs").symlink_to(ROOT / "jobs")
+    if link_jobs:
+        (tmp / "jobs").symlink_to(ROOT / "jobs")
     outs = {}
     for line in lines:
         argv = shlex.split(line.replace("/tmp/", f"{tmp}/"), comments=True)
@@ -75,6 +76,11 @@ def test_simulation_md_simulates_stragglers_and_replays_the_run_it_made(tmp_path
     assert (outs["sim-report"] / "report.md").is_file()
     replayed = json.loads((outs["replayed"] / "summary.json").read_text())["simulation"]
     assert Path(replayed["replay"]).resolve() == outs["live"].resolve(), replayed
+    # the block of --train further down: its replay retrains the same run, to the live accuracy
+    outs = run_block(block("simulation.md", "simulate --train --workers 64"), tmp_path, link_jobs=False)
+    live = json.loads((tmp_path / "live" / "summary.json").read_text())
+    retrained = json.loads((outs["retrained"] / "summary.json").read_text())
+    assert retrained["test_accuracy"] == live["test_accuracy"], (retrained["test_accuracy"], live["test_accuracy"])
 
 
 def test_osdp_md_trains_with_the_plan_the_lines_before_it_made(tmp_path):
