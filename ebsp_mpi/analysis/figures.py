@@ -458,8 +458,8 @@ def _rate_lines(runs: Sequence[Run], path: Path) -> str:
     ax.set_ylabel("iterations per second")
     ax.grid(alpha=0.3)
     ax.legend(title="sync model", fontsize=9, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    title = ("Iterations per second over all workers: the fastest runs " + _extremes(spread, "{:.1f}×")
-             + " as fast as the slowest" if spread else "Iterations per second per worker")
+    title = ("Iterations per second over all workers: the fastest worker against the slowest, "
+             + _extremes(spread, "{:.1f}×") if spread else "Iterations per second per worker")
     return _save(fig, path, title)
 
 
