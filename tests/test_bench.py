@@ -148,6 +148,19 @@ def test_nn_writes_one_record_per_layer_case(monkeypatch):
     assert [r["case"].split()[0] for r in records] == ["Dense", "Conv2D", "MaxPool2D", "SGD.step"]
 
 
+def test_nn_without_torch_is_one_line_and_writes_no_json(tmp_path, monkeypatch, capsys):
+    """Without PyTorch there is nothing to compare: one line, exit 2, and no JSON file (an empty list
+    in it would read as a benchmark that ran and measured nothing)."""
+    from ebsp_mpi.cli import main
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    out = tmp_path / "nn.json"
+    assert main(["bench", "nn", "--json", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ebsp_mpi: error: bench nn") and "pip install torch" in err[0], err
+    assert not out.exists()
+
+
 def test_simulate_times_every_policy_against_the_bare_loop(tmp_path):
     records, out = run_bench(tmp_path, "simulate", "--workers", "8", "--iterations", "20")
     check_records(records, "simulate")

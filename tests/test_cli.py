@@ -162,3 +162,39 @@ def test_help_lists_every_subcommand():
     commands = ["train", "config", "sweep", "bench", "simulate", "profile", "plan", "report", "compare", "timeline"]
     assert listed == commands
     assert "{" + ",".join(commands) + "}" in cli.__doc__.splitlines()[0]
+
+
+def test_help_names_every_sync_model_of_the_registry():
+    """The top-level help says which sync models a job may name: all of them, PSP too."""
+    from ebsp_mpi.sync.registry import POLICIES
+
+    p = run("--help")
+    assert p.returncode == 0
+    missing = [m for m in POLICIES if not re.search(rf"\b{m}\b", p.stdout, flags=re.IGNORECASE)]
+    assert missing == [], p.stdout
+
+
+def _help_texts(capsys):
+    """Every command's ``--help``, and every benchmark kind's, as a user sees it."""
+    import importlib
+
+    from ebsp_mpi import cli
+    from ebsp_mpi.bench import KINDS
+
+    parser = cli._parser()
+    commands = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction").choices
+    texts = {"": parser.format_help()} | {name: p.format_help() for name, p in commands.items()}
+    for name, kind in KINDS.items():
+        with pytest.raises(SystemExit):
+            importlib.import_module(kind.module).main(["--help"])
+        texts[f"bench {name}"] = capsys.readouterr().out
+    return texts
+
+
+def test_help_texts_show_no_restructuredtext_marks(capsys):
+    """Help that comes from a docstring reads as plain text: no ``literal``, :role:`x` or ``::``."""
+    texts = _help_texts(capsys)
+    assert len(texts) > 15 and all(texts.values())
+    marked = {name: line for name, text in texts.items() for line in text.splitlines()
+              if "``" in line or re.search(r":[a-z]+:`", line) or line.rstrip().endswith("::")}
+    assert marked == {}

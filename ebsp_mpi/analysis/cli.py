@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m ebsp_mpi report RUN_OR_SWEEP... --out DIR [--window START LENGTH]
+    python -m ebsp_mpi report RUN_OR_SWEEP... [--out DIR] [--window START LENGTH]
     python -m ebsp_mpi compare RUN_OR_SWEEP... [--out DIR] [--reference LABEL]
     python -m ebsp_mpi timeline RUN_OR_SWEEP -o PATH
 
@@ -55,7 +55,9 @@ def _add_report(subparsers) -> None:
                                           f"the analysis extra ({INSTALL_ANALYSIS}). Exit code 1 when a run "
                                           "did not finish (it is listed under Problems).")
     _runs_arg(p, nargs="+")
-    p.add_argument("--out", required=True, metavar="DIR", help="directory for the tables and figures")
+    p.add_argument("--out", metavar="DIR",
+                   help="directory for the tables and figures (default: RUN_OR_SWEEP/report for one directory, "
+                        "as a sweep writes its own; ./report for several)")
     p.add_argument("--window", nargs=2, type=float, metavar=("START", "LENGTH"),
                    help="timeline window in seconds (default: a dozen iterations of the slowest worker, "
                         "40%% into the run)")
@@ -107,7 +109,7 @@ def run_report(args) -> int:
     from ..trace import TraceError
     from .runs import find_runs
 
-    out = Path(args.out)
+    out = default_report_dir(args.runs) if args.out is None else Path(args.out)
     with _file_errors(out):
         find_runs(args.runs)  # a missing or empty directory fails here, before --out is created
         window = _window(args.window)
@@ -122,6 +124,13 @@ def run_report(args) -> int:
         print(f"{written.out / name}: {title}")
     print(f"{written.out / 'report.md'}: the report on one page")
     return 1 if written.unfinished else 0
+
+
+def default_report_dir(runs: list[str]) -> Path:
+    """Where ``report`` writes without ``--out``: beside the runs it reports on when it is given one
+    directory (``RUN_OR_SWEEP/report``, where ``sweep`` writes its report), else ``report`` in the
+    current directory."""
+    return Path(runs[0]) / "report" if len(runs) == 1 else Path("report")
 
 
 def _window(values: list[float] | None) -> tuple[float, float] | None:
@@ -176,6 +185,9 @@ def run_compare(args) -> int:
         written = comparison.write(cmp, out) if out is not None else []
     for path in written:
         print(f"wrote {path}", file=sys.stderr)
+    first = comparison.first_eval_note(cmp)
+    if first:
+        print(f"compare: note: {first}", file=sys.stderr)
     unfinished = [r.info for r in cmp.runs if not r.info.finished]
     for info in unfinished:
         print(f"compare: note: {info.problem}", file=sys.stderr)

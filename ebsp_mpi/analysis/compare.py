@@ -9,6 +9,11 @@ The ratio of a run is its time over the BSP run's time with the same seed (the m
 no BSP run has that seed); below 1 is faster than BSP. Per label (a sweep member over several seeds)
 the table gives the median time over seeds and the median and list of the per-seed ratios.
 
+Each run's throughput is its summary's ``samples_per_second`` (training samples over its seconds, all
+workers together, the figure Horovod's and PyTorch's benchmarks report), shown beside the times and
+never divided by another run's. A target reached at a run's first evaluation has a time that only
+bounds the real one (``≤`` in the table, and a note names the runs).
+
 Only a finished run (:attr:`RunInfo.finished`) is ever a reference: the reference label is one with a
 finished run, and where the reference run of a seed did not finish, that seed's runs have no ratio
 (the notes say so) rather than a ratio against a crashed run or the other seeds' median.
@@ -39,6 +44,14 @@ class RunRow:
     wall_seconds: float | None
     times: dict = field(default_factory=dict)    # target -> seconds, inf if never reached
     ratios: dict = field(default_factory=dict)   # target -> time / BSP time, None if undefined
+    samples_per_second: float | None = None      # training samples over the run's (virtual, if simulated) seconds
+    first_eval: float | None = None              # seconds of the run's first evaluation
+
+    @property
+    def at_first_eval(self) -> list:
+        """The targets reached at the run's first evaluation: their time says only "at most this"."""
+        return [t for t, v in self.times.items()
+                if v is not None and self.first_eval is not None and not math.isinf(v) and v <= self.first_eval]
 
 
 @dataclass
@@ -50,6 +63,7 @@ class GroupRow:
     seeds: list
     failed: int
     final_accuracy: float | None
+    samples_per_second: float | None = None         # median over seeds
     times: dict = field(default_factory=dict)       # target -> median seconds (inf: most never reached)
     reached: dict = field(default_factory=dict)     # target -> seeds that reached it
     ratio: dict = field(default_factory=dict)       # target -> median of the per-seed ratios
@@ -84,6 +98,22 @@ def _time(info: RunInfo, target: float) -> float | None:
         if float(key) == target:
             return INF if value is None else float(value)
     return None  # the run did not have this target in eval.targets
+
+
+def _number(value) -> float | None:
+    """A finite number of a summary, else None (a hand-edited or older summary may hold anything)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _first_eval(summary: dict) -> float | None:
+    """Seconds of the run's first evaluation (``evals``: ``{t, ...}`` records, or ``[t, ...]`` rows)."""
+    evals = summary.get("evals") or []
+    first = evals[0] if isinstance(evals, list) and evals else None
+    if isinstance(first, dict):
+        return _number(first.get("t"))
+    return _number(first[0]) if isinstance(first, list) and first else None
 
 
 def _median(values: list[float]) -> float | None:
@@ -160,7 +190,8 @@ def compare(infos: list[RunInfo], reference: str | None = None) -> Comparison:
                for t in targets}
         s = info.summary
         rows.append(RunRow(info=info, final_accuracy=s.get("test_accuracy"), wall_seconds=s.get("wall_seconds"),
-                           times=times, ratios={t: _ratio(times[t], ref[t]) for t in targets}))
+                           times=times, ratios={t: _ratio(times[t], ref[t]) for t in targets},
+                           samples_per_second=_number(s.get("samples_per_second")), first_eval=_first_eval(s)))
 
     groups = []
     for label in dict.fromkeys(r.info.label for r in rows):
@@ -170,6 +201,7 @@ def compare(infos: list[RunInfo], reference: str | None = None) -> Comparison:
             label=label, model=(done or members)[0].info.model, seeds=[r.info.seed for r in members],
             failed=len(members) - len(done),
             final_accuracy=_median([r.final_accuracy for r in done]),
+            samples_per_second=_median([r.samples_per_second for r in done]),
             times={t: _median([r.times[t] for r in done]) for t in targets},
             reached={t: sum(1 for r in done if r.times[t] is not None and not math.isinf(r.times[t]))
                      for t in targets},
@@ -200,6 +232,25 @@ def _fmt_acc(a: float | None) -> str:
     return "—" if a is None else f"{a:.4f}"
 
 
+def _fmt_rate(x: float | None) -> str:
+    return "—" if x is None else f"{x:,.0f}"
+
+
+def first_eval_note(cmp: Comparison) -> str | None:
+    """One sentence naming the runs that reached a target at their first evaluation, or None.
+
+    Such a time is the evaluation's, not the target's: the run got there at most that soon, and two
+    runs that both did compare as equal (a ratio of 1.00) whatever their real pace."""
+    hits = [r for r in cmp.runs if r.info.finished and r.at_first_eval]
+    if not hits:
+        return None
+    names = ", ".join(f"{r.info.path.name} ({', '.join(f'{t:g}' for t in r.at_first_eval)} at "
+                      f"{r.first_eval:.2f} s)" for r in hits[:4])
+    names += f" and {len(hits) - 4} more" if len(hits) > 4 else ""
+    return (f"{len(hits)} run(s) reached a target at their first evaluation: {names}; such a time (≤ in the "
+            f"table) and its ratio only bound the real one: evaluate more often (eval.every_seconds)")
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -222,11 +273,12 @@ def to_markdown(cmp: Comparison) -> str:
     seeds, then the per-run table, then notes on how the numbers were made."""
     parts = []
     if cmp.several_seeds:
-        header = ["model", "seeds", "final test accuracy (median)"] + _target_headers(cmp, per_seed=True)
+        header = (["model", "seeds", "final test accuracy (median)", "samples/s (median)"]
+                  + _target_headers(cmp, per_seed=True))
         rows = []
         for g in cmp.groups:
             row = [g.label, f"{len(g.seeds) - g.failed}" + (f" (+{g.failed} failed)" if g.failed else ""),
-                   _fmt_acc(g.final_accuracy)]
+                   _fmt_acc(g.final_accuracy), _fmt_rate(g.samples_per_second)]
             for t in cmp.targets:
                 n = len(g.seeds) - g.failed
                 reached = "" if g.reached[t] == n else f" ({g.reached[t]}/{n} reached)"
@@ -235,7 +287,7 @@ def to_markdown(cmp: Comparison) -> str:
                     row += [_fmt_ratio(g.ratio[t]), ", ".join(_fmt_ratio(x) for x in g.seed_ratios[t])]
             rows.append(row)
         parts += ["### Per model (median over seeds)", "", _table(header, rows), ""]
-    header = ["run", "model", "seed", "final test accuracy", "wall (s)"] + _target_headers(cmp)
+    header = ["run", "model", "seed", "final test accuracy", "wall (s)", "samples/s"] + _target_headers(cmp)
     rows = []
     for r in cmp.runs:
         info = r.info
@@ -244,9 +296,9 @@ def to_markdown(cmp: Comparison) -> str:
                         + ["—"] * (len(header) - 5))
             continue
         row = [info.path.name, info.label, str(info.seed), _fmt_acc(r.final_accuracy),
-               "—" if r.wall_seconds is None else f"{r.wall_seconds:.1f}"]
+               "—" if r.wall_seconds is None else f"{r.wall_seconds:.1f}", _fmt_rate(r.samples_per_second)]
         for t in cmp.targets:
-            row.append(_fmt_time(r.times[t]))
+            row.append(("≤" if t in r.at_first_eval else "") + _fmt_time(r.times[t]))
             if cmp.reference:
                 row.append(_fmt_ratio(r.ratios[t]))
         rows.append(row)
@@ -254,6 +306,12 @@ def to_markdown(cmp: Comparison) -> str:
     notes = ["Time to a target: first wall second (rank 0's clock) at which the periodic test evaluation"
              " reached that accuracy" + (f" (evaluated every {cmp.eval_every:g} s)" if cmp.eval_every else "")
              + "; \"never\": not reached in the run."]
+    notes.append("samples/s: training samples over the run's seconds, all workers together"
+                 + (" (virtual seconds for a simulated run)" if any(r.info.simulated for r in cmp.runs) else "")
+                 + ".")
+    first = first_eval_note(cmp)
+    if first:
+        notes.append(first[0].upper() + first[1:] + ".")
     notes += _reference_notes(cmp)
     parts += [f"- {n}" for n in notes]
     return "\n".join(parts) + "\n"
@@ -301,25 +359,26 @@ def write(cmp: Comparison, out_dir: str | Path, stem: str = "compare") -> list[P
     per_run = out / f"{stem}.csv"
     with per_run.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["run", "path", "label", "model", "seed", "finished", "final_test_accuracy", "wall_seconds"]
+        w.writerow(["run", "path", "label", "model", "seed", "finished", "final_test_accuracy", "wall_seconds",
+                    "samples_per_second"]
                    + [c for t in cmp.targets for c in (f"time_to_{t:g}_s", f"ratio_to_reference_{t:g}")])
         for r in cmp.runs:
             i = r.info
             w.writerow([clean_text(i.path.name), clean_text(str(i.path)), clean_text(i.label), i.model,
                         _csv_value(i.seed), int(i.finished),
-                        _csv_value(r.final_accuracy), _csv_value(r.wall_seconds)]
+                        _csv_value(r.final_accuracy), _csv_value(r.wall_seconds), _csv_value(r.samples_per_second)]
                        + [_csv_value(x) for t in cmp.targets for x in (r.times[t], r.ratios[t])])
 
     per_group = out / f"{stem}-models.csv"
     with per_group.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["label", "model", "seeds", "failed", "median_final_test_accuracy"]
+        w.writerow(["label", "model", "seeds", "failed", "median_final_test_accuracy", "median_samples_per_second"]
                    + [c for t in cmp.targets for c in (f"median_time_to_{t:g}_s", f"reached_{t:g}",
                                                        f"median_ratio_to_reference_{t:g}",
                                                        f"ratios_to_reference_{t:g}")])
         for g in cmp.groups:
             w.writerow([clean_text(g.label), g.model, " ".join(map(str, g.seeds)), g.failed,
-                        _csv_value(g.final_accuracy)]
+                        _csv_value(g.final_accuracy), _csv_value(g.samples_per_second)]
                        + [x for t in cmp.targets for x in (
                            _csv_value(g.times[t]), g.reached[t], _csv_value(g.ratio[t]),
                            " ".join(_csv_value(v) or "nan" for v in g.seed_ratios[t]))])

@@ -17,7 +17,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, MaxNLocator, SymmetricalLogLocator
 
 from .compare import Comparison
 from .metrics import Run, accuracy_curve, barrier_times, slowest_worker, spreads, worker_stats
@@ -84,6 +84,8 @@ def _extremes(values: dict, fmt: str) -> str:
     if not values:
         return "(no data)"
     hi, lo = max(values, key=values.get), min(values, key=values.get)
+    if fmt.format(values[hi]) == fmt.format(values[lo]) and len(values) > 1:  # naming one would single it out
+        return f"{fmt.format(values[hi])} under each of {', '.join(values)}"
     text = f"{fmt.format(values[hi])} under {hi}"
     if values[hi] != values[lo]:
         text += f", {fmt.format(values[lo])} under {lo}"
@@ -142,8 +144,9 @@ def accuracy_vs_time(runs: Sequence[Run], cmp: Comparison, path: Path) -> str:
             continue
         lowest = min(lowest, min(float(c["test_acc"].min()) for c in cs))
         if len(cs) == 1:
+            # a few evaluations: a step line alone would hide them (one evaluation draws nothing)
             ax.plot(cs[0]["t"], 100 * cs[0]["test_acc"], color=colour[label], lw=1.8, drawstyle="steps-post",
-                    label=label)
+                    marker="o" if len(cs[0]) < 20 else None, ms=4, label=label)
             continue
         several = True
         on_grid = 100 * np.stack([_on_grid(c, grid) for c in cs])
@@ -161,8 +164,11 @@ def accuracy_vs_time(runs: Sequence[Run], cmp: Comparison, path: Path) -> str:
     # The first evaluations (near chance) squash the part that differs between models: start the axis
     # below the lowest target, and say so on the axis.
     floor = max(0.0, 100 * min(cmp.targets) - 20) if cmp.targets else 100 * lowest
+    if not any(curves.values()):  # nothing drawn: the whole range (an axis from 100% has no height)
+        floor = 0.0
+    floor = min(floor, 90.0)  # every evaluation at 100%: still an axis with a height
     ax.set_ylim(floor, 100)
-    ax.set_xlim(0, end)
+    ax.set_xlim(0, 1.01 * end)  # the last evaluation's marker whole, not cut by the frame
     ax.set_xlabel("wall time since the start of the run (s)")
     ax.set_ylabel("test accuracy (%)" + (f", axis from {floor:.0f}%" if floor > 100 * lowest else ""))
     ax.grid(alpha=0.3)
@@ -304,35 +310,53 @@ def _per_worker_axes(runs: Sequence[Run], fill: float):
             0.8 / len(by_label) * fill, fig, fig.add_subplot())
 
 
+def _wait_scale(ax, waits_ms: np.ndarray) -> str:
+    """Put the waiting axis on a symmetric-log scale and return its label's note.
+
+    Waits span four decades (a pull answered at once: ~0.1 ms live, exactly 0 in a simulation; a
+    barrier held for a straggler: tens of ms). A log axis cannot show 0 and a linear one flattens the
+    short waits into a line; symlog is linear from 0 to ``linthresh`` and logarithmic above it, with
+    ``linthresh`` the decade below the short waits, so no wait is moved and every box has a height.
+    """
+    positive = waits_ms[waits_ms > 0]
+    low = float(np.percentile(positive, 5)) if len(positive) else 1.0
+    linthresh = float(np.clip(10.0 ** math.floor(math.log10(low)), 1e-3, 1.0))
+    ax.set_yscale("symlog", linthresh=linthresh, linscale=0.6)
+    ax.set_ylim(bottom=-0.05 * linthresh)  # a line of zero waits stays clear of the axis
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_locator(SymmetricalLogLocator(linthresh=linthresh, base=10, subs=(2, 3, 5)))
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if v >= linthresh else ""))
+    return f"log scale above {linthresh:g} ms, linear below"
+
+
 def wait_distribution(runs: Sequence[Run], path: Path) -> str:
     if max(r.frames.workers for r in runs) > MANY_WORKERS:
         return _wait_bands(runs, path)
     by_label, colour, workers, slow, pos, width, fig, ax = _per_worker_axes(runs, 0.85)
-    fast_median = {}
+    fast_median, drawn = {}, []
     for j, (label, group) in enumerate(by_label.items()):
         it = _concat([r.frames.table("iterations") for r in group])
-        waits = [1000 * np.maximum(it.loc[it["worker"] == w, "wait_s"].to_numpy(), 1e-3) for w in range(workers)]
+        waits = [1000 * it.loc[it["worker"] == w, "wait_s"].to_numpy() for w in range(workers)]
         present = [w for w in range(workers) if len(waits[w])]
         if not present:
             continue
+        drawn += [waits[w] for w in present]
         ax.boxplot([waits[w] for w in present], positions=pos[present, j], widths=width, whis=(5, 95),
                    showfliers=False, patch_artist=True, manage_ticks=False,
                    boxprops=dict(facecolor=colour[label], alpha=0.75, edgecolor="black"),
                    medianprops=dict(color="white" if colour[label] == "#000000" else "black", lw=1.5))
         fast = np.concatenate([waits[w] for w in present if w != slow] or [np.zeros(0)])
         fast_median[label] = float(np.median(fast)) if len(fast) else math.nan
-    ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "235" else ""))
-    ax.set_ylabel("wait for the pull per iteration (ms, log scale)")
+    scale = _wait_scale(ax, np.concatenate(drawn) if drawn else np.zeros(0))
+    ax.set_ylabel(f"wait for the pull per iteration (ms, {scale})")
     _worker_ticks(ax, range(workers), slow)
     ax.set_xlim(-0.6, workers - 0.4)
     ax.grid(axis="y", which="both", alpha=0.25)
     ax.legend(handles=[Patch(facecolor=colour[lab], alpha=0.75, edgecolor="black",
                              label=_legend_label(lab, len(g))) for lab, g in by_label.items()],
               title="sync model", fontsize=9, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.text(0.99, 0.01, "boxes: quartiles and median; whiskers: 5th–95th percentile", transform=ax.transAxes,
-            ha="right", va="bottom", fontsize=8.5, color="dimgrey")
+    # under the axes, not on them: no box or whisker can run into it
+    ax.set_xlabel("boxes: quartiles and median; whiskers: 5th–95th percentile", fontsize=8.5, color="dimgrey")
     known = {k: v for k, v in fast_median.items() if not math.isnan(v)}
     if known:
         title = "Waiting per iteration: the fast workers' median wait is " + _extremes(known, "{:.2f} ms")
@@ -347,20 +371,20 @@ def _wait_bands(runs: Sequence[Run], path: Path) -> str:
     by_label, colour = _by_label(runs), colours(runs)
     fig = Figure(figsize=(11, 6), layout="constrained")
     ax = fig.add_subplot()
-    medians = {}
+    medians, drawn = {}, []
     for label, group in by_label.items():
         it = _concat([r.frames.table("iterations") for r in group])
         if not len(it):
             continue
-        waits = (1000 * it["wait_s"].clip(lower=1e-6)).groupby(it["worker"])
+        waits = (1000 * it["wait_s"]).groupby(it["worker"])
         q = waits.quantile([0.05, 0.5, 0.95]).unstack()
         ax.fill_between(q.index, q[0.05], q[0.95], color=colour[label], alpha=0.18, lw=0)
         ax.plot(q.index, q[0.5], color=colour[label], lw=1.2, label=_legend_label(label, len(group)))
         medians[label] = float(np.median(1000 * it["wait_s"]))
-    ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        drawn.append(1000 * it["wait_s"].to_numpy())
+    scale = _wait_scale(ax, np.concatenate(drawn) if drawn else np.zeros(0))
     ax.set_xlabel("worker")
-    ax.set_ylabel("wait for the pull per iteration (ms, log scale)")
+    ax.set_ylabel(f"wait for the pull per iteration (ms, {scale})")
     ax.grid(which="both", alpha=0.25)
     ax.legend(title="sync model (line: median per worker,\nband: 5th–95th percentile)", fontsize=9,
               loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -434,8 +458,8 @@ def _rate_lines(runs: Sequence[Run], path: Path) -> str:
     ax.set_ylabel("iterations per second")
     ax.grid(alpha=0.3)
     ax.legend(title="sync model", fontsize=9, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    title = ("Iterations per second over all workers: the fastest runs " + _extremes(spread, "{:.1f}×")
-             + " as fast as the slowest" if spread else "Iterations per second per worker")
+    title = ("Iterations per second over all workers: the fastest worker against the slowest, "
+             + _extremes(spread, "{:.1f}×") if spread else "Iterations per second per worker")
     return _save(fig, path, title)
 
 
@@ -526,6 +550,7 @@ def zipline_spread(runs: Sequence[Run], path: Path) -> str | None:
     hist.axvline(float(np.median(err)), color="black", lw=1.2, label=f"median {np.median(err):+.1f} ms")
     hist.set_xlabel("observed − predicted spread (ms)")
     hist.set_ylabel("barriers")
+    hist.yaxis.set_major_locator(MaxNLocator(integer=True))  # a count of barriers: no 0.5 of one
     hist.set_title("prediction error", fontsize=10.5, loc="left")
     hist.grid(alpha=0.3)
     hist.legend(fontsize=9)

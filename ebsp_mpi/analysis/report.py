@@ -1,6 +1,7 @@
 """The report of one or more runs: a summary table (Markdown and CSV), the comparison, and the figures.
 
-``python -m ebsp_mpi report RUN_DIR... --out DIR`` writes into DIR:
+``python -m ebsp_mpi report RUN_DIR... [--out DIR]`` writes into DIR (default: ``report`` in the one directory
+given, else in the current directory):
 
 - ``summary.csv``, ``summary.md`` — one row per run (:func:`~ebsp_mpi.analysis.metrics.summary_row`);
 - ``zipline.csv``, ``zipline.md`` — when an ElasticBSP run is among them, ZipLine's prediction error

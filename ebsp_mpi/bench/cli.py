@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 
 from . import KINDS
+from ..helptext import plain
 
 
 def add_parser(subparsers) -> None:
@@ -18,7 +20,7 @@ def add_parser(subparsers) -> None:
     kinds = "\n".join(f"  {name:<9} {kind.help}" + (" (under mpiexec)" if kind.ranks > 1 else "")
                       for name, kind in KINDS.items())
     p = subparsers.add_parser("bench", help="run a benchmark: " + ", ".join(KINDS),
-                              description=__doc__.split("\n\n")[0] + "\n\nkinds:\n" + kinds,
+                              description=plain(__doc__.split("\n\n")[0]) + "\n\nkinds:\n" + kinds,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("kind", choices=list(KINDS), metavar="KIND", help="one of: " + ", ".join(KINDS))
     p.add_argument("--json", metavar="FILE", help="write the records (figure, reference, ratio) to FILE")
@@ -41,6 +43,9 @@ def main(args) -> int:
     records: list[dict] = []
     code = importlib.import_module(kind.module).main(rest, records=records)
     if json_path and rank_from_env() == 0:
+        if not records:  # a file of no records would read as a benchmark that measured nothing
+            print(f"bench {args.kind}: no records, {json_path} not written", file=sys.stderr)
+            return code or 1
         from .report import write_json
 
         write_json(json_path, records)

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from ebsp_mpi.backend import BackendError, resolve_backend
+from ebsp_mpi.errors import UsageError
 from ebsp_mpi.bench.report import record
 from ebsp_mpi.nn import SGD, Conv2D, Dense, MaxPool2D, ParamSpace
 
@@ -47,8 +48,8 @@ GPU_CONV = ((64, 3, 32, 32), (256, 32, 64, 16), (256, 64, 64, 8))
 GPU_POOL = ((256, 32, 32),)
 SGD_SIZE = 10_000_000
 TARGETS = {"cpu": {"Dense": 0.8, "Conv2D": 0.5}, "cuda": {"Dense": 0.7, "Conv2D": 0.7}}
-INSTALL_HINT = ("PyTorch is needed for this comparison and is not installed.\n"
-                "Install the CPU build into this environment: pip install torch")
+INSTALL_HINT = ("bench nn compares our layers with PyTorch's, and torch is not installed here: "
+                "pip install torch (the CPU build will do)")
 
 
 @dataclass(frozen=True)
@@ -222,9 +223,8 @@ def main(argv=None, records: list | None = None) -> int:
     args = _parse(argv)
     try:
         import torch
-    except ImportError:
-        print(INSTALL_HINT, file=sys.stderr)
-        return 2
+    except ImportError:  # one line and exit 2 (ebsp_mpi.cli), before --json would write an empty file
+        raise UsageError(INSTALL_HINT) from None
     torch.set_num_threads(args.threads)
     blas = _limit_threads(args.threads)
     device = _device(args.device, torch)
@@ -255,4 +255,8 @@ def main(argv=None, records: list | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except UsageError as err:  # as python -m ebsp_mpi bench nn says it: one line, exit 2
+        print(f"ebsp_mpi: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None

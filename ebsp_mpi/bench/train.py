@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UsageError
+from ..helptext import plain
 from .report import print_table, record
 
 UNIT = "samples/s"
@@ -193,7 +194,7 @@ def measure(args, mpiexec: list[str], with_torch: bool, images: Path | None) -> 
 
 
 def main(argv=None, records: list | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ebsp_mpi bench train", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m ebsp_mpi bench train", description=plain(__doc__.split("\n\n")[0]))
     parser.add_argument("--workers", type=int, default=4, help="workers (the MPI run has one rank more)")
     parser.add_argument("--reps", type=int, default=3, help="runs of each trainer, alternately (median)")
     parser.add_argument("--sizes", default="small,large", help="comma-separated: small, large, cnn")

@@ -64,29 +64,60 @@ def _cell(value) -> str:
     return "—" if value is None else str(value)
 
 
+#: Okabe–Ito colours per sync model, the pairs that are alike (orange and vermillion, sky blue and
+#: blue) never both given to models with several variants, whose lines share the dash patterns
+MODEL_COLOURS = {"bsp": "#000000", "asp": "#E69F00", "ssp": "#009E73", "dssp": "#56B4E9",
+                 "elasticbsp": "#0072B2", "psp": "#CC79A7"}
+#: line styles of a sync model's variants (its staleness rule, its ZipLine), in the order they come
+VARIANT_STYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)))
+
+
+def line_styles(rows: list[dict]) -> dict[str, tuple[str, object]]:
+    """(colour, line style) per line: the colour names the sync model, the style the variant of it
+    (``+scale``, ``+dc``, robust ZipLine), so that eleven lines need six colours, not eleven shades."""
+    from ..analysis.figures import PALETTE
+
+    models = list(dict.fromkeys(r["sync"] for r in rows))
+    spare = [c for c in PALETTE if c not in MODEL_COLOURS.values()]
+    colour = {m: MODEL_COLOURS.get(m) or spare[i % len(spare)] for i, m in enumerate(models)}
+    out: dict[str, tuple[str, object]] = {}
+    for r in rows:
+        if r["line"] not in out:
+            variant = sum(1 for c, _ in out.values() if c == colour[r["sync"]])
+            out[r["line"]] = (colour[r["sync"]], VARIANT_STYLES[variant % len(VARIANT_STYLES)])
+    return out
+
+
 def accuracy_figure(rows: list[dict], path: Path) -> None:
     """Test accuracy against virtual time, one panel per number of workers, one line per model (per
     member where two share a model)."""
+    accuracy_axes(rows).savefig(path, dpi=80)
+
+
+def accuracy_axes(rows: list[dict]):
+    """The figure of :func:`accuracy_figure`, not yet saved (a test measures where its texts fall)."""
     from matplotlib.figure import Figure
 
-    from ..analysis.figures import PALETTE
-
     sizes = sorted({r["workers"] for r in rows})
-    lines = list(dict.fromkeys(r["line"] for r in rows))
-    colour = {m: PALETTE[i % len(PALETTE)] for i, m in enumerate(lines)}
-    dashes = {m: ("-", "--", ":")[i // len(PALETTE) % 3] for i, m in enumerate(lines)}  # past the palette
-    fig = Figure(figsize=(4 * len(sizes), 3.8), layout="constrained")
+    style = line_styles(rows)
+    width = max(4 * len(sizes), 10)
+    fig = Figure(figsize=(width, 4.8), layout="constrained")
     axes = fig.subplots(1, len(sizes), sharey=True, squeeze=False)[0]
     for ax, n in zip(axes, sizes, strict=True):
         for r in (r for r in rows if r["workers"] == n):
-            ax.plot([t for t, _ in r["evals"]], [a for _, a in r["evals"]], color=colour[r["line"]],
-                    ls=dashes[r["line"]], label=r["line"], lw=1.4)
+            colour, dashes = style[r["line"]]
+            ax.plot([t for t, _ in r["evals"]], [a for _, a in r["evals"]], color=colour, ls=dashes,
+                    label=r["line"], lw=1.5)
         ax.set_title(f"{n} workers (batch {next(r['batch'] for r in rows if r['workers'] == n)})", fontsize=10.5,
                      loc="left")
         ax.set_xlabel("virtual seconds")
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("test accuracy")
-    axes[-1].legend(fontsize=8, loc="lower right")
+    # one legend for every panel, under them: inside a panel it covered the lines (colour: sync model,
+    # style: its variant)
+    handles = {line.get_label(): line for ax in axes for line in ax.get_lines()}
+    fig.legend(handles=list(handles.values()), loc="outside lower center", ncol=min(len(handles), int(width // 3.3)),
+               fontsize=9, handlelength=3.5)
     fig.suptitle("Emulated training: test accuracy against virtual time", fontsize=12, fontweight="bold")
-    fig.savefig(path, dpi=80)
+    return fig

@@ -22,12 +22,13 @@ import sys
 from pathlib import Path
 
 from ..errors import UsageError
+from ..helptext import plain
 
 
 def add_parser(subparsers) -> None:
     """Register ``simulate`` on the CLI's subparsers (``ebsp_mpi.cli``)."""
     p = subparsers.add_parser("simulate", help="simulate the job's sync model with N virtual workers (no MPI)",
-                              description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n", 2)[2],
+                              description=plain(__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n", 2)[2]),
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("job", nargs="?", metavar="JOB.toml",
                    help="job file (default: the replayed run's job with --replay, else the embedded default)")

@@ -233,13 +233,19 @@ def write_table(rows: list[dict], out_dir: Path) -> None:
 
 def scaling_figure(rows: list[dict], path: Path) -> None:
     """Time per push against ASP, waiting share, mean staleness and ElasticBSP's spreads against n."""
+    scaling_axes(rows).savefig(path, dpi=80)
+
+
+def scaling_axes(rows: list[dict]):
+    """The figure of :func:`scaling_figure`, not yet saved (a test measures where its texts fall)."""
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
 
     from ..analysis.figures import PALETTE
 
     models = list(dict.fromkeys(r["model"] for r in rows))
     colour = {m: PALETTE[i % len(PALETTE)] for i, m in enumerate(models)}
-    fig = Figure(figsize=(11, 7.5), layout="constrained")
+    fig = Figure(figsize=(11, 8), layout="constrained")
     axes = fig.subplots(2, 2).ravel()
     panels = (("vs_asp", "time per push / ASP's (1 = no waiting)"),
               ("wait_share", "share of the workers' time spent waiting"),
@@ -252,7 +258,6 @@ def scaling_figure(rows: list[dict], path: Path) -> None:
         ax.set_title(title, fontsize=10.5, loc="left")
         ax.set_xlabel("workers")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8.5)
     ax = axes[3]
     for m in models:
         # the interval spread is what robust ZipLine promised (the predicted spread at z = 0)
@@ -260,17 +265,21 @@ def scaling_figure(rows: list[dict], path: Path) -> None:
                        else r["interval_spread_ms"], r["observed_spread_ms"]) for r in rows
                       if r["model"] == m and not math.isnan(r["observed_spread_ms"]))
         if mine:
-            ax.plot([n for n, _, _ in mine], [o for _, _, o in mine], marker="o", ms=4, color=colour[m],
-                    label=f"{m}: observed")
-            ax.plot([n for n, _, _ in mine], [p for _, p, _ in mine], ls="--", marker="x", ms=4, color=colour[m],
-                    label=f"{m}: predicted")
+            ax.plot([n for n, _, _ in mine], [o for _, _, o in mine], marker="o", ms=4, color=colour[m])
+            ax.plot([n for n, _, _ in mine], [p for _, p, _ in mine], ls="--", marker="x", ms=4, color=colour[m])
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_title("ElasticBSP: median barrier spread (ms; predicted: the interval spread)", fontsize=10.5, loc="left")
+    # two lines: in one, the title ran past the panel's right edge and off the figure
+    ax.set_title("ElasticBSP: median barrier spread (ms)\npredicted: the interval spread", fontsize=10.5, loc="left")
     ax.set_xlabel("workers")
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:  # a sweep without ElasticBSP has no spread to show
-        ax.legend(fontsize=8)
+    if ax.get_lines():  # a sweep without ElasticBSP has no spread to show
+        ax.legend(handles=[Line2D([], [], color="dimgrey", marker="o", ms=4, label="observed"),
+                           Line2D([], [], color="dimgrey", ls="--", marker="x", ms=4, label="predicted")],
+                  fontsize=8.5, loc="lower right")
+    # one legend for the four panels, under them: inside a panel it covered the lines
+    fig.legend(handles=axes[0].get_lines(), loc="outside lower center", ncol=min(len(models), 4), fontsize=9,
+               title="sync model", title_fontsize=9.5)
     fig.suptitle("Sync models from 4 to 4,096 simulated workers (log-uniform speeds over 4x, jitter, slow phases)",
                  fontsize=12, fontweight="bold")
-    fig.savefig(path, dpi=80)
+    return fig

@@ -14,11 +14,17 @@ from .runner import default_out, plan, run_sweep, write_comparison, write_figure
 from .sbatch import render_sbatch
 from .spec import SweepError, check_members, load_sweep, resolve_ranks
 
+#: what ``sweep --help`` says the command does (the module's docstring speaks to a reader of the code)
+DESCRIPTION = ("Run every member of a sweep file (a base job and [[member]] override sets, repeated over its "
+               "seeds) under mpiexec, one after the other, each with its own timeout and log (OUT/logs/); "
+               "then write OUT/compare.md and, with the analysis extra, OUT/report/. Every member is checked "
+               "before anything runs; a failed member is reported and the sweep goes on (exit code 1 at the end).")
+
 
 def add_parser(subparsers) -> None:
     """Register ``sweep`` on the CLI's subparsers (``ebsp_mpi.cli``)."""
     p = subparsers.add_parser("sweep", help="run every member of a sweep file with mpiexec, then compare them",
-                              description=__doc__.split("\n\n")[0])
+                              description=DESCRIPTION)
     p.add_argument("file", metavar="FILE", help="sweep file, e.g. jobs/sweeps/stragglers.toml")
     p.add_argument("-n", dest="ranks", type=int, metavar="N",
                    help="MPI ranks per member: the server and N-1 workers (default: ranks in FILE)")

@@ -19,12 +19,13 @@ DEFAULT_OUT = "plan.json"
 
 def add_parser(subparsers) -> None:
     """Register ``plan`` on the CLI's subparsers (``ebsp_mpi.cli``)."""
+    from ...helptext import plain
     from . import add_job_arguments, authors
     from .profile import add_profile_options
 
     p = subparsers.add_parser("plan", help="OSDP: per layer resident, on-demand or split under a memory limit "
                                            "(or the authors' problem with --osdp-profile)",
-                              description=__doc__.split("\n\n")[0])
+                              description=plain(__doc__.split("\n\n")[0]))
     add_job_arguments(p, DEFAULT_OUT, "plan")
     p.add_argument("--memory-limit", metavar="SIZE", help="per-worker memory limit, e.g. 512MiB, 2GB, 100000")
     p.add_argument("--profile", metavar="FILE", help="profile from python -m ebsp_mpi profile (default: profile now)")

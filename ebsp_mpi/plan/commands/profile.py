@@ -40,11 +40,12 @@ NOMINAL_BANDWIDTH = 1e9
 
 def add_parser(subparsers) -> None:
     """Register ``profile`` on the CLI's subparsers (``ebsp_mpi.cli``)."""
+    from ...helptext import plain
     from . import add_job_arguments
 
     p = subparsers.add_parser("profile", help="time each layer's forward and backward and a step's memory for "
                                               "OSDP's planner; writes a profile (JSON)",
-                              description=__doc__.split("\n\n")[0])
+                              description=plain(__doc__.split("\n\n")[0]))
     add_job_arguments(p, DEFAULT_OUT, "profile")
     add_profile_options(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
