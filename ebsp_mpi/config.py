@@ -127,6 +127,10 @@ class EvalConfig:
                                 gt=0.0, max=1.0)
     batch_size: int = _opt(512, "samples per evaluation slice (the server serves messages between slices)",
                            min=1)
+    divergence_evals: int = _opt(5, "warn (once) that training diverged when test accuracy stays at chance this "
+                                    "many evaluations of new weights in a row (0: never)", min=0)
+    divergence_loss_factor: float = _opt(10.0, "warn (once) that training diverged when the test loss grows this "
+                                               "factor above its lowest (0: never)", min=0.0)
 
 
 @dataclass
