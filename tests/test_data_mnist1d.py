@@ -75,6 +75,9 @@ def test_cached_by_its_parameters_and_read_back_without_generating(package, tmp_
     first = load_dataset("mnist1d", root=str(tmp_path), samples=SAMPLES)
     (cached,) = [f for f in os.listdir(tmp_path) if f.endswith(".h5")]
     assert cached.startswith(f"mnist1d-{SAMPLES}-")
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert os.stat(tmp_path / cached).st_mode & 0o777 == 0o666 & ~mask  # readable by others as umask allows
 
     def no_generation(args):
         raise AssertionError("generated again although the cache holds the set")

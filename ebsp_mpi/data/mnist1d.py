@@ -171,11 +171,18 @@ def _write(path: str, arrays: dict, args: dict) -> None:
                 f.create_dataset(key, data=arrays[key].astype(numpy.int64))
             f.attrs["num_classes"] = NUM_CLASSES
             f.attrs["mnist1d_arguments"] = json.dumps(args, sort_keys=True)
+        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp's 0600 would keep a shared data.root's file private
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _read(path: str, samples: int):
