@@ -5,6 +5,7 @@ import json
 import os
 import re
 import sys
+from pathlib import Path
 
 import numpy
 import pytest
@@ -16,6 +17,7 @@ from ebsp_mpi.data import DatasetError, load_dataset
 from ebsp_mpi.data import mnist1d as m1d
 
 SAMPLES = 200  # 160 train, 40 test: a fraction of a second to generate
+JOBS = Path(__file__).parents[1] / "jobs"
 
 
 @pytest.fixture
@@ -116,10 +118,10 @@ def test_read_like_any_dataset_normalised_and_sharded(package, tmp_path):
 
 def test_train_and_simulate_train_run_the_mnist1d_cnn(package, tmp_path, capsys):
     common = ["--set", f"data.root={tmp_path}", "--set", f"data.samples={SAMPLES}", "--set", "stop.iterations=20"]
-    assert main(["train", "jobs/mnist1d-cnn.toml", *common, "--out", str(tmp_path / "train")]) == 0
+    assert main(["train", str(JOBS / "mnist1d-cnn.toml"), *common, "--out", str(tmp_path / "train")]) == 0
     summary = json.loads((tmp_path / "train" / "summary.json").read_text())
     assert summary["config"]["model"]["kind"] == "cnn1d" and summary["test_accuracy"] is not None
-    assert main(["simulate", "--train", "--workers", "4", "jobs/mnist1d-mlp.toml", *common, "--set",
+    assert main(["simulate", "--train", "--workers", "4", str(JOBS / "mnist1d-mlp.toml"), *common, "--set",
                  "sync.model=asp", "--set", "data.batch_size=10", "--out", str(tmp_path / "sim")]) == 0
 
 

@@ -5,6 +5,7 @@ import json
 import logging
 import math
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 WATCH = "ebsp_mpi.divergence"
+STUDY = Path(__file__).parents[1] / "jobs" / "simulations" / "accuracy.toml"
 
 
 def watch(evals=5, factor=10.0):
@@ -91,7 +93,7 @@ def test_fresh_gradients_blame_the_learning_rate_and_zero_turns_a_rule_off():
 
 def study_job(member: str) -> list[str]:
     """The --set list of one member of the accuracy study (jobs/simulations/accuracy.toml)."""
-    with open("jobs/simulations/accuracy.toml", "rb") as f:
+    with open(STUDY, "rb") as f:
         sweep = tomllib.load(f)
     (sets,) = [m["set"] for m in sweep["member"] if m["name"] == member]
     return [a for s in sweep["set"] + sets for a in ("--set", s)]
