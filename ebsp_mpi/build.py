@@ -21,7 +21,7 @@ def dataset(job: JobConfig) -> Dataset:
     return load_dataset(d.name, root=d.root, path=d.path, test_fraction=d.test_fraction, seed=job.seed,
                         normalize=d.normalize, max_train=d.max_train, synthetic_samples=d.synthetic_samples,
                         synthetic_features=d.synthetic_features, synthetic_classes=d.synthetic_classes,
-                        synthetic_hidden=d.synthetic_hidden)
+                        synthetic_hidden=d.synthetic_hidden, samples=d.samples)
 
 
 class ModelError(UsageError, ValueError):
@@ -52,10 +52,15 @@ def model(job: JobConfig, ds: Dataset, xp=np, dtype=np.float32, on_demand=frozen
     """
     m = job.model
     _check_suits_data(job, ds)
-    specs = model_specs(m.kind, ds.input_shape, ds.num_classes, hidden=tuple(m.hidden), channels=tuple(m.channels))
+    try:
+        specs = model_specs(m.kind, ds.input_shape, ds.num_classes, hidden=tuple(m.hidden),
+                            channels=tuple(m.channels), kernels=tuple(m.kernels))
+    except ValueError as e:  # a layer that does not fit its input (a kernel wider than the padded sequence)
+        raise ModelError(f"model.kind = {m.kind!r} on data.name = {job.data.name!r} (inputs {ds.input_shape}): "
+                         f"{e}") from None
     check_model_fits(job, ds, specs, np.dtype(dtype))
     built = build_model(m.kind, ds.input_shape, ds.num_classes, hidden=tuple(m.hidden),
-                        channels=tuple(m.channels), xp=xp, dtype=dtype, seed=job.seed,
+                        channels=tuple(m.channels), kernels=tuple(m.kernels), xp=xp, dtype=dtype, seed=job.seed,
                         resident=[s.name for s in specs if s.name not in on_demand] if on_demand else None)
     check_memory_limit(job, built, osdp_plan(job, built, plan))  # one line here, on every rank, before training
     return built
@@ -118,9 +123,9 @@ def _check_suits_data(job: JobConfig, ds: Dataset) -> None:
     if ds.num_classes < 2:
         raise ModelError(f"the output layer would have {ds.num_classes} class ({ds.classes_from}); "
                          f"a classifier needs labels of at least 2 classes")
-    if job.model.kind == "cnn" and len(ds.input_shape) != 3:
-        raise ModelError(f"model.kind = 'cnn' needs images (C, H, W), but data.name = {job.data.name!r} holds "
-                         f"vectors of shape {ds.input_shape}; use model.kind = 'mlp'")
+    if job.model.kind in ("cnn", "cnn1d") and len(ds.input_shape) != 3:
+        raise ModelError(f"model.kind = {job.model.kind!r} needs images (C, H, W), but data.name = "
+                         f"{job.data.name!r} holds vectors of shape {ds.input_shape}; use model.kind = 'mlp'")
 
 
 def model_bytes(specs, dtype: np.dtype) -> int:

@@ -44,23 +44,30 @@ def _opt(default, help: str, **rules):
 
 @dataclass
 class ModelConfig:
-    kind: str = _opt("mlp", "network: mlp (dense layers) or cnn (LeNet-like)", choices=("mlp", "cnn"))
-    hidden: list[int] = _opt([128], "hidden layer widths (mlp); cnn uses hidden[0] for its dense layer",
+    kind: str = _opt("mlp", "network: mlp (dense layers), cnn (LeNet-like) or cnn1d (MNIST-1D's: convolutions "
+                            "along the last axis, stride 2, then a linear classifier)", choices=("mlp", "cnn", "cnn1d"))
+    hidden: list[int] = _opt([128], "hidden layer widths (mlp); cnn uses hidden[0] for its dense layer, cnn1d none",
                              min=1, nonempty=True)
-    channels: list[int] = _opt([8, 16], "output channels of each 3x3 conv block (cnn)", min=1, nonempty=True)
+    channels: list[int] = _opt([8, 16], "output channels of each conv block (cnn: 3x3; cnn1d: kernels)", min=1,
+                               nonempty=True)
+    kernels: list[int] = _opt([5, 3, 3], "cnn1d: kernel width of each conv block (the last repeats)", min=1,
+                              nonempty=True)
 
 
 @dataclass
 class DataConfig:
     name: str = _opt("digits", "dataset", choices=("digits", "mnist", "fashion-mnist", "cifar10", "hdf5",
-                                                   "synthetic"))
-    root: str = _opt("", "directory with the dataset files (mnist, fashion-mnist, cifar10)")
+                                                   "synthetic", "mnist1d"))
+    root: str = _opt("", "directory with the dataset files (mnist, fashion-mnist, cifar10); mnist1d: of its "
+                         "generated cache (empty: $XDG_CACHE_HOME/ebsp-mpi, default ~/.cache/ebsp-mpi)")
     path: str = _opt("", "HDF5 file with datasets x and y (hdf5)")
     batch_size: int = _opt(32, "minibatch size per worker", min=1)
     test_fraction: float = _opt(0.2, "share held out for testing where a dataset has no test split",
                                 gt=0.0, max=0.9)
     normalize: bool = _opt(True, "standardise inputs with the training split's statistics")
     max_train: int = _opt(0, "keep only this many training samples (0: all)", min=0)
+    samples: int = _opt(5000, "mnist1d: samples generated, a multiple of 10 (the published 5000: 4000 train, "
+                              "1000 test)", min=10)
     synthetic_samples: int = _opt(10000, "synthetic: number of samples", min=10)
     synthetic_features: int = _opt(64, "synthetic: input features", min=1)
     synthetic_classes: int = _opt(10, "synthetic: classes", min=2)
@@ -120,6 +127,10 @@ class EvalConfig:
                                 gt=0.0, max=1.0)
     batch_size: int = _opt(512, "samples per evaluation slice (the server serves messages between slices)",
                            min=1)
+    divergence_evals: int = _opt(5, "warn (once) that training diverged when test accuracy stays at chance this "
+                                    "many evaluations of new weights in a row (0: never)", min=0)
+    divergence_loss_factor: float = _opt(10.0, "warn (once) that training diverged when the test loss grows this "
+                                               "factor above its lowest (0: never)", min=0.0)
 
 
 @dataclass
@@ -426,6 +437,9 @@ def validate(job: JobConfig) -> None:
     if job.data.name in ("mnist", "fashion-mnist", "cifar10") and not job.data.root:
         raise ConfigError(f"data.root = '': data.name = {job.data.name!r} needs data.root, the directory "
                           f"with its files (nothing is downloaded)")
+    if job.data.name == "mnist1d" and job.data.samples % 10:
+        raise ConfigError(f"data.samples = {job.data.samples}: must be a multiple of 10 (MNIST-1D generates "
+                          f"samples // 10 of each digit)")
     if job.data.name == "hdf5" and not job.data.path:
         raise ConfigError("data.path = '': data.name = 'hdf5' needs data.path, an HDF5 file with datasets x and y")
     if not (job.stop.iterations or job.stop.epochs or job.stop.seconds):

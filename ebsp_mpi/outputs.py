@@ -117,7 +117,7 @@ class AccuracyTargets:
 SUMMARY_KEYS = ("name", "sync", "workers", "world_size", "backend", "wall_seconds", "iterations", "wait_seconds",
                 "compute_seconds", "injected_delay_seconds", "barriers", "rejected_pushes", "versions",
                 "train_loss", "test_loss", "test_accuracy", "samples_per_second", "time_to_accuracy", "evals",
-                "hybrid", "bytes", "osdp", "package_version", "mpi_library", "config")
+                "divergence", "hybrid", "bytes", "osdp", "package_version", "mpi_library", "config")
 
 
 def build_summary(job, *, sync: str, world_size: int, backend: str, wall_seconds: float, iterations: list[int],
@@ -125,7 +125,8 @@ def build_summary(job, *, sync: str, world_size: int, backend: str, wall_seconds
                   injected_delay_seconds: list[float] | None, barriers: int, rejected_pushes: int, versions: int,
                   train_loss: float | None, test_loss: float, test_accuracy: float, targets: AccuracyTargets,
                   evals: list[tuple[float, int, float, float]], mpi_library: str | None, hybrid: dict | None = None,
-                  byte_counts: list[dict] | None = None, osdp: dict | None = None) -> dict:
+                  byte_counts: list[dict] | None = None, osdp: dict | None = None,
+                  divergence: dict | None = None) -> dict:
     """The run's ``summary.json`` as a dict with exactly :data:`SUMMARY_KEYS`.
 
     Parameters
@@ -152,6 +153,9 @@ def build_summary(job, *, sync: str, world_size: int, backend: str, wall_seconds
         ``iteration_s``, the median start-to-start time of its last 1024 iterations; ``transfer_wait_s``,
         the median seconds one of them waited on on-demand fetches and pushes; ``transfer_messages``, their messages per
         iteration); None without a plan.
+    divergence : dict or None
+        What ``divergence.DivergenceWatch`` found (``seen``: ``chance`` or ``loss``, ``t``, ``version``,
+        ``mean_staleness``, ``message``, ...); None when the run showed no sign of diverging.
 
     A float that is not finite (a diverged loss) is written as null, so the file is strict JSON.
     """
@@ -172,6 +176,7 @@ def build_summary(job, *, sync: str, world_size: int, backend: str, wall_seconds
         "samples_per_second": sum(iterations) * job.data.batch_size / wall_seconds if wall_seconds > 0 else 0.0,
         "time_to_accuracy": targets.as_dict(),
         "evals": _eval_rows(evals),
+        "divergence": divergence,
         "hybrid": hybrid,
         "bytes": byte_counts,
         "osdp": osdp,

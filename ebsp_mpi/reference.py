@@ -156,7 +156,8 @@ class ReferenceTrainer:
             backend=self.backend.describe(), wall_seconds=wall, iterations=[step] * n, wait_seconds=[0.0] * n,
             compute_seconds=self.compute.tolist(), injected_delay_seconds=None, barriers=step if n > 1 else 0,
             rejected_pushes=0, versions=step, train_loss=self.loss, test_loss=test_loss, test_accuracy=test_acc,
-            targets=self.record.targets, evals=self.record.evals, mpi_library=None)
+            targets=self.record.targets, evals=self.record.evals, mpi_library=None,
+            divergence=self.record.divergence.finding)
         self.record.write_model(self.space.state_dict(), step, summary["sync"])
         self.record.write_summary(summary)
         return summary

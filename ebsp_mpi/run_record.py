@@ -14,6 +14,7 @@ import numpy as np
 
 from .checkpoint import Checkpoint, commit_checkpoint, write_checkpoint
 from .config import to_dict
+from .divergence import DivergenceWatch
 from .outputs import AccuracyTargets, write_model, write_summary
 
 log = logging.getLogger(__name__)
@@ -38,9 +39,12 @@ class RunRecord:
         self.targets = AccuracyTargets(list(self.job.eval.targets))
         self.evals: list[tuple] = []  # (t, version, test loss, test accuracy) of every evaluation
         self.last_eval = (None, None)  # (test loss, test accuracy) of the latest evaluation
+        self.divergence = DivergenceWatch.for_job(self.job, description.dataset.y_test)
         if resumed is not None:
             self.evals = [tuple(e) for e in resumed.evals]
             self.targets.reached.update(resumed.reached)
+            for e in self.evals:  # a finding before the cut was warned of then
+                self.divergence.observe(*e, quiet=True)
         self.next_eval = self.next_checkpoint = np.inf
 
     def start(self, t: float) -> None:
@@ -62,6 +66,7 @@ class RunRecord:
         self.evals.append((t, version, loss, accuracy))
         self.targets.observe(t, accuracy)
         self.last_eval = (loss, accuracy)
+        self.divergence.observe(t, version, loss, accuracy)
 
     def checkpoint_due(self, t: float) -> bool:
         return t >= self.next_checkpoint

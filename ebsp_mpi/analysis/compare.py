@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..safe_text import clean_text
+from .diverged import diverged_lines
 from .runs import RunInfo, section
 
 INF = math.inf
@@ -314,7 +315,8 @@ def to_markdown(cmp: Comparison) -> str:
         notes.append(first[0].upper() + first[1:] + ".")
     notes += _reference_notes(cmp)
     parts += [f"- {n}" for n in notes]
-    return "\n".join(parts) + "\n"
+    marked = diverged_lines([r.info for r in cmp.runs])  # after the notes: the tables' columns stay as they are
+    return "\n".join(parts + ([""] + marked if marked else [])) + "\n"
 
 
 def _reference_notes(cmp: Comparison) -> list[str]:

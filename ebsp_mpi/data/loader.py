@@ -11,16 +11,17 @@ from .errors import DatasetError
 from .finite import require_finite
 from .hdf5 import load_hdf5
 from .idx import load_idx_dataset
+from .mnist1d import load_mnist1d
 from .normalize import standardize
 from .synthetic import load_synthetic
 
-DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "hdf5", "synthetic")
+DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "hdf5", "synthetic", "mnist1d")
 
 
 def load_dataset(name: str, *, root: str = "", path: str = "", test_fraction: float = 0.2, seed: int = 0,
                  normalize: bool = True, max_train: int = 0, synthetic_samples: int = 10000,
                  synthetic_features: int = 64, synthetic_classes: int = 10,
-                 synthetic_hidden: int = 64) -> Dataset:
+                 synthetic_hidden: int = 64, samples: int = 5000) -> Dataset:
     """Load a dataset onto the host, split it and standardise it.
 
     Every rank calls this with the same arguments and gets the same arrays: the
@@ -33,7 +34,8 @@ def load_dataset(name: str, *, root: str = "", path: str = "", test_fraction: fl
     root : str
         Directory of the files for ``mnist``, ``fashion-mnist`` (four IDX files,
         raw or .gz) and ``cifar10`` (the binary batches, in ``root`` or
-        ``root/cifar-10-batches-bin``).
+        ``root/cifar-10-batches-bin``); for ``mnist1d`` the directory of its cache (empty: the
+        user's cache directory, see ``mnist1d.py``).
     path : str
         The HDF5 file for ``hdf5``.
     test_fraction : float
@@ -51,6 +53,8 @@ def load_dataset(name: str, *, root: str = "", path: str = "", test_fraction: fl
     synthetic_samples, synthetic_features, synthetic_classes, synthetic_hidden : int
         Size of the ``synthetic`` task: samples N, input width D, classes and
         the teacher's hidden width.
+    samples : int
+        Samples of ``mnist1d`` generated (a multiple of 10; 80 % train, 20 % test).
 
     Returns
     -------
@@ -60,7 +64,7 @@ def load_dataset(name: str, *, root: str = "", path: str = "", test_fraction: fl
     source = data_source(name, path)
     x_train, y_train, x_test, y_test, num_classes, input_shape = read_splits(
         name, root=root, path=path, test_fraction=test_fraction, seed=seed,
-        synthetic=(synthetic_samples, synthetic_features, synthetic_classes, synthetic_hidden))
+        synthetic=(synthetic_samples, synthetic_features, synthetic_classes, synthetic_hidden), samples=samples)
     classes_from = classes_origin(name, source, int(num_classes), y_train, y_test)
     x_train, y_train, x_test, y_test = _kept_arrays(x_train, y_train, x_test, y_test, max_train)
     mean = std = None
@@ -110,7 +114,8 @@ def classes_origin(name: str, source: str, num_classes: int, y_train, y_test) ->
     return f"the root attribute num_classes = {num_classes} of {source}"
 
 
-def read_splits(name: str, *, root: str, path: str, test_fraction: float, seed: int, synthetic: tuple):
+def read_splits(name: str, *, root: str, path: str, test_fraction: float, seed: int, synthetic: tuple,
+                samples: int = 5000):
     """Raw float32 train and test splits of dataset ``name`` (official split, or seeded random split).
 
     Every reader's inputs pass one finite check here, before the split, so that a NaN or an Inf is
@@ -121,8 +126,9 @@ def read_splits(name: str, *, root: str, path: str, test_fraction: float, seed: 
     x_train, y_train, x_test, y_test, num_classes, input_shape
     """
     where = data_source(name, path)
-    if name in ("mnist", "fashion-mnist", "cifar10"):
-        splits = load_cifar10(root) if name == "cifar10" else load_idx_dataset(name, root)
+    if name in ("mnist", "fashion-mnist", "cifar10", "mnist1d"):
+        splits = (load_cifar10(root) if name == "cifar10" else load_mnist1d(samples, root) if name == "mnist1d"
+                  else load_idx_dataset(name, root))
         require_finite(splits[0], where, "x_train")
         require_finite(splits[2], where, "x_test")
         return splits

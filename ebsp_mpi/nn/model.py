@@ -12,7 +12,7 @@ from .layers import Conv2D, Dense, Flatten, MaxPool2D, ReLU
 from .losses import cross_entropy_sum, softmax_cross_entropy
 from .params import ParamSpace, TensorSpec
 
-KINDS = ("mlp", "cnn")
+KINDS = ("mlp", "cnn", "cnn1d")
 
 
 class Model:
@@ -239,7 +239,8 @@ def _positive_ints(values, what: str) -> tuple[int, ...]:
 
 
 def build_model(kind: str, in_shape: tuple[int, ...], num_classes: int, *, hidden=(128,),
-                channels=(8, 16), xp=numpy, dtype=numpy.float32, seed: int = 0, resident=None) -> Model:
+                channels=(8, 16), kernels=(5, 3, 3), xp=numpy, dtype=numpy.float32, seed: int = 0,
+                resident=None) -> Model:
     """Build and initialise (``space.init(seed)``) one of the named models.
 
     Parameters
@@ -251,12 +252,18 @@ def build_model(kind: str, in_shape: tuple[int, ...], num_classes: int, *, hidde
         pool is left out once height or width is below 2) -> Flatten -> Dense(hidden[0]) -> ReLU ->
         Dense(num_classes); ``in_shape`` must be ``(C, H, W)``. An empty ``hidden`` goes straight to
         the output layer.
+        ``"cnn1d"`` (MNIST-1D's ``ConvBase``, Greydanus & Kobak 2020): for c, k in ``channels``,
+        ``kernels``: Conv2D(c, (1, k), stride (1, 2), padding (0, 1)), ReLU -> Flatten ->
+        Dense(num_classes); a 1-D convolution along the last axis of ``in_shape = (C, H, L)``
+        (MNIST-1D: ``(1, 1, 40)``), ``kernels`` repeating its last width; ``hidden`` is unused.
     in_shape : tuple of int
         Per-sample input shape.
     num_classes : int
         Number of classes (logits).
     hidden, channels : sequence of int
         Hidden widths and convolution channels.
+    kernels : sequence of int
+        Kernel widths of the ``cnn1d`` convolutions.
     xp, dtype
         Array module and parameter element type.
     seed : int
@@ -265,28 +272,30 @@ def build_model(kind: str, in_shape: tuple[int, ...], num_classes: int, *, hidde
         Hold only these tensors (see :class:`Model`).
     """
     in_shape = tuple(int(d) for d in in_shape)
-    model = Model(_layers(kind, in_shape, num_classes, hidden, channels), in_shape, num_classes, kind=kind,
+    model = Model(_layers(kind, in_shape, num_classes, hidden, channels, kernels), in_shape, num_classes, kind=kind,
                   xp=xp, dtype=dtype, resident=resident)
     model.space.init(seed)
     return model
 
 
 def model_specs(kind: str, in_shape: tuple[int, ...], num_classes: int, *, hidden=(128,),
-                channels=(8, 16)) -> list[TensorSpec]:
+                channels=(8, 16), kernels=(5, 3, 3)) -> list[TensorSpec]:
     """The tensors :func:`build_model` would allocate for these arguments, without allocating them.
 
     Their sizes give the number of parameters (``sum(s.size for s in specs)``) before a model too
     large for the machine is built.
     """
     in_shape = tuple(int(d) for d in in_shape)
-    specs, _ = stack_specs(_layers(kind, in_shape, num_classes, hidden, channels), in_shape)
+    specs, _ = stack_specs(_layers(kind, in_shape, num_classes, hidden, channels, kernels), in_shape)
     return specs
 
 
-def _layers(kind: str, in_shape: tuple[int, ...], num_classes: int, hidden, channels) -> list[Layer]:
+def _layers(kind: str, in_shape: tuple[int, ...], num_classes: int, hidden, channels,
+            kernels=(5, 3, 3)) -> list[Layer]:
     """The layer stack of model ``kind`` (see :func:`build_model`), its arguments checked."""
     hidden = _positive_ints(hidden, "hidden sizes")
     channels = _positive_ints(channels, "channels")
+    kernels = _positive_ints(kernels, "kernel widths")
     if int(num_classes) < 2:
         raise ValueError(f"build_model: num_classes must be >= 2, got {num_classes}")
     if kind == "mlp":
@@ -305,7 +314,22 @@ def _layers(kind: str, in_shape: tuple[int, ...], num_classes: int, hidden, chan
         layers.append(Flatten())
         if hidden:
             layers += [Dense(hidden[0]), ReLU()]
+    elif kind == "cnn1d":
+        layers = _conv1d_layers(in_shape, channels, kernels)
     else:
         raise ValueError(f"build_model: unknown kind {kind!r}; allowed kinds: {', '.join(KINDS)}")
     layers.append(Dense(num_classes, init="glorot_uniform"))
     return layers
+
+
+def _conv1d_layers(in_shape: tuple[int, ...], channels, kernels) -> list[Layer]:
+    """MNIST-1D's convolutions as Conv2D with kernels of height 1, and the Flatten before its classifier."""
+    if len(in_shape) != 3:
+        raise ValueError(f"build_model: kind 'cnn1d' needs in_shape (C, H, L), got {in_shape}")
+    if not kernels:
+        raise ValueError("build_model: kind 'cnn1d' needs at least one kernel width")
+    layers = []
+    for i, c in enumerate(channels):
+        width = kernels[min(i, len(kernels) - 1)]
+        layers += [Conv2D(c, (1, width), stride=(1, 2), padding=(0, 1)), ReLU()]
+    return layers + [Flatten()]

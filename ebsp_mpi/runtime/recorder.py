@@ -146,7 +146,8 @@ class Recorder:
             injected_delay_seconds=self._whole_run(stats, "injected_delay_seconds", "injected_delay_s"),
             barriers=policy.barriers, rejected_pushes=coordinator.rejected, versions=version,
             train_loss=float(heard.mean()) if heard.size else None, test_loss=loss, test_accuracy=acc,
-            targets=self.record.targets, evals=self.record.evals, mpi_library=mpi_library(), **rank_figures)
+            targets=self.record.targets, evals=self.record.evals, mpi_library=mpi_library(),
+            divergence=self.record.divergence.finding, **rank_figures)
 
     def _whole_run(self, stats: list[dict], key: str, total: str) -> list[float]:
         """Per worker, `key` of its statistics plus what the run had done before a resume."""

@@ -154,6 +154,8 @@ class Server:
         self.pull_requested[w] = t
         self.trace.append("pushes", worker=w, iteration=iteration, t=t, version_before=version_before,
                           staleness=version_before - version_used, rejected=rejected)
+        if not rejected:
+            self.recorder.record.divergence.push(version_before - version_used)
         if head[PUSH.flushed]:  # its trace holds every iteration the pending checkpoint counts
             self._flushed(w)
         actions = coordinator.push(w, t, rejected)

@@ -274,7 +274,7 @@ def _summary(job: JobConfig, sync: str, workers: int, result: SimResult, parts: 
         train_loss=trainer.statistics()["train_loss"] if trained else None,
         test_loss=trainer.evals[-1][2] if trained else None, test_accuracy=trainer.evals[-1][3] if trained else None,
         targets=trainer.targets if trained else AccuracyTargets([]), evals=trainer.evals if trained else [],
-        mpi_library=None)
+        mpi_library=None, divergence=trainer.divergence.finding if trained else None)
 
 
 def _statistics(result: SimResult, policy_tables: dict[str, np.ndarray]) -> dict:

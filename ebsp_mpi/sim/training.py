@@ -23,6 +23,7 @@ import numpy as np
 
 from .. import build
 from ..config import JobConfig
+from ..divergence import DivergenceWatch
 from ..errors import UsageError
 from ..nn.average import round_mean
 from ..nn.kernels import all_finite
@@ -93,6 +94,7 @@ class EmulatedTrainer(Trainer):
         self.version = 0
         self.evals: list[tuple[float, int, float, float]] = []
         self.targets = AccuracyTargets(list(job.eval.targets))
+        self.divergence = DivergenceWatch.for_job(job, self.ds.y_test)
         self.every = job.eval.every_seconds
         self.next_eval = self.every if self.every > 0 else np.inf
         self.evaluated: tuple[int, float, float] | None = None  # (version, loss, accuracy) last computed
@@ -147,6 +149,7 @@ class EmulatedTrainer(Trainer):
         else:
             step = self.rule.gradient(grad, self.params, self.versions.of(used), self.scratch) if self.dc else grad
         lr = self.rule.lr(self.lr_at(version), version - used + 1)
+        self.divergence.push(version - used)
         self._done(grad, used)  # before the step: a version no one holds any more is not copied
         self._step(step, lr)
 
@@ -155,6 +158,7 @@ class EmulatedTrainer(Trainer):
         mean = round_mean([g for g, _ in taken], self.scratch) if taken else None
         for grad, used in taken:
             self._done(grad, used)
+            self.divergence.push(0)  # a round's pushes were all computed on the weights it steps from
         if mean is not None:
             self._step(mean, self.lr_at(version))
 
@@ -199,6 +203,7 @@ class EmulatedTrainer(Trainer):
         _, loss, acc = self.evaluated
         self.evals.append((t, self.version, float(loss), float(acc)))
         self.targets.observe(t, acc)
+        self.divergence.observe(t, self.version, float(loss), float(acc))
         return float(loss), float(acc)
 
     def finish(self, t_end: float) -> tuple[float, float]:
