@@ -74,6 +74,10 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     train.add_argument("--resume", metavar="DIR",
                        help="continue the run in DIR from its checkpoint.h5 (its own job; JOB and --set may "
                             "change only stop.* and checkpoint.*)")
+    train.add_argument("--accept-mismatch", metavar="PIECE[,PIECE]",
+                       help="with --resume: go on although these pieces of the run's identity differ from what "
+                            "the run was made from: run (its id), job, data (the dataset files), code, or all; "
+                            "the summary records it")
     train.set_defaults(run=_train)
 
     config = sub.add_parser("config", help="print the resolved job as TOML (the embedded default without JOB)")
@@ -113,14 +117,17 @@ def _config(args) -> int:
 
 
 def _resumed_job(args, world_size: int):
-    """The job of the run that ``--resume DIR`` continues, its workers (those of the checkpoint), and its
-    OSDP plan as read (the one the run trained with)."""
-    from .checkpoint import check_plan_unchanged, check_traces_resumable, resume_job
+    """The job of the run that ``--resume DIR`` continues, its workers (those of the checkpoint), its
+    OSDP plan as read (the one the run trained with), and its identity, checked against what the run
+    was made from (``ebsp_mpi.identity``)."""
+    from .checkpoint import check_identity, check_plan_unchanged, check_traces_resumable, resume_job
+    from .identity import parse_accepted
     from .run_description import read_osdp_plan
 
     if args.out:
         raise UsageError("--resume DIR continues the run in DIR: give no --out")
-    job, ckpt = resume_job(args.resume, args.job, args.overrides)
+    accept = parse_accepted(args.accept_mismatch)
+    job, ckpt = resume_job(args.resume, args.job, args.overrides, accept)
     try:
         plan = read_osdp_plan(job)
     except UsageError:  # gone or damaged: the check names the plan the run needs, if the checkpoint knows it
@@ -140,7 +147,7 @@ def _resumed_job(args, world_size: int):
     if left is not None:
         raise UsageError(f"--resume {args.resume}: nothing left to do: {left}; its files stay as they are")
     check_traces_resumable(args.resume, job, workers, world_size)
-    return job, workers, plan
+    return job, workers, plan, check_identity(args.resume, job, ckpt, accept)
 
 
 def work_left(job, ckpt) -> str | None:
@@ -228,18 +235,22 @@ def _train(args) -> int:
 
     world_size = world_size_from_env()
     if args.resume:
-        job, workers, plan = _resumed_job(args, world_size)
+        job, workers, plan, identity = _resumed_job(args, world_size)
     else:
+        if args.accept_mismatch:
+            raise UsageError("--accept-mismatch goes with --resume DIR: a new run has nothing to differ from")
         job = load_job(args.job, args.overrides)
         workers = check_workers(job, world_size)
         plan = read_osdp_plan(job)  # the one read of the plan file in this process: passed down from here
+        identity = None  # a new run's: worked out where its id is made (rank 0, or the single process)
     # a bad value is one line here, not a rank's crash
     parse_fault(os.environ.get(FAULT_ENV, ""), world_size, job.runtime.servers)
     _check_on_demand_layers(job, plan, world_size)
     out = args.resume or args.out
     if world_size > 1:
         run_mpi = _start_mpi()
-        return run_mpi(job, out, show_progress=not args.quiet, resume=bool(args.resume), plan=plan)
+        return run_mpi(job, out, show_progress=not args.quiet, resume=bool(args.resume), plan=plan,
+                       identity=identity)
 
     from . import reference
     from .outputs import describe_run, make_run_dir, release_lock, remove_if_unused, training_failed
@@ -247,7 +258,7 @@ def _train(args) -> int:
     run_dir = make_run_dir(out, job.name, resume=bool(args.resume))
     try:
         summary = reference.train(job, run_dir, workers, show_progress=not args.quiet, resume=bool(args.resume),
-                                  plan=plan)
+                                  plan=plan, identity=identity)
     except UsageError:
         remove_if_unused(run_dir)  # bad input found while setting up: leave no empty run behind
         raise
