@@ -144,8 +144,8 @@ def mismatch_line(where: str, piece: str, then, now, detail: str = "") -> str:
         a, b = _data_difference(then, now)
     else:
         a, b = show(piece, then), show(piece, now)
-    return (f"{where}: the {NAMES[piece]} differs from the run's{detail}: {a} recorded, {b} now; put back what the "
-            f"run was made from, or give --accept-mismatch {piece} to go on with this (the summary records it)")
+    return (f"{where}: the {NAMES[piece]} differs from the run's{detail}: it was {a}, it is {b} now; put back what "
+            f"the run was made from, or give --accept-mismatch {piece} to go on with this (the summary records it)")
 
 
 def check(where: str, recorded: Identity, now: Identity, accept: frozenset[str], pieces=PIECES,

@@ -41,6 +41,10 @@ def add_parser(subparsers) -> None:
                    help="real weights: every virtual worker computes its gradients on the version it was "
                         "released with, applied by the server's optimizer (with --replay of a run under its "
                         "own sync model: its pushes in their recorded order)")
+    p.add_argument("--accept-mismatch", metavar="PIECE[,PIECE]",
+                   help="with --replay: go on although these pieces of the run's identity differ from what the "
+                        "replay uses: data (the dataset files), code, or all; the replay is then "
+                        "not exact, and its summary says why")
     p.add_argument("--sweep", metavar="FILE", help="simulate every member of a sweep file, then tabulate them")
     p.add_argument("--out", metavar="DIR", help="run directory (default runs/<name>-simulated-<timestamp>)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
@@ -48,6 +52,8 @@ def add_parser(subparsers) -> None:
 
 
 def main(args) -> int:
+    if args.accept_mismatch and not args.replay:
+        raise UsageError("--accept-mismatch goes with --replay RUN_DIR: a new simulation has nothing to differ from")
     if args.sweep:
         if args.job or args.replay or args.overrides or args.workers is not None or args.iterations is not None:
             raise UsageError("simulate --sweep FILE: the sweep file names the jobs; give no JOB, --set, --workers, "
@@ -64,6 +70,12 @@ def main(args) -> int:
     if args.iterations is not None and args.iterations < 1:
         raise UsageError(f"--iterations {args.iterations}: needs at least 1")
     job = _job(args)
+    provenance = None
+    if args.replay:  # before its traces are read, and before the run directory: nothing left behind
+        from ..identity import parse_accepted
+        from .provenance import check_replay
+
+        provenance = check_replay(args.replay, job, train=args.train, accept=parse_accepted(args.accept_mismatch))
     workers = _workers(args, job)
     # the run's job says how it ran (a replay of this run then runs the same)
     job.sync.workers = workers
@@ -76,7 +88,7 @@ def main(args) -> int:
     run_dir = make_run_dir(args.out, f"{job.name}-simulated")
     try:
         summary = simulate_job(job, workers, run_dir, replay=args.replay, iterations=args.iterations,
-                               show_progress=not args.quiet, train=args.train)
+                               show_progress=not args.quiet, train=args.train, provenance=provenance)
     except MemoryError:  # past the estimate of check_workers_fit: the directory, empty when made, is this run's
         release_lock(run_dir)
         shutil.rmtree(run_dir, ignore_errors=True)

@@ -34,7 +34,8 @@ from .. import __version__
 from ..config import JobConfig, to_dict
 from ..data.memory import exceeds_memory, format_bytes, memory_phrase
 from ..errors import UsageError
-from ..outputs import AccuracyTargets, build_summary, write_model, write_summary
+from .. import identity as ids
+from ..outputs import AccuracyTargets, build_summary, identity_keys, write_model, write_summary
 from ..progress import Progress
 from ..straggler import straggler_model
 from ..sync.registry import make_policy
@@ -148,9 +149,11 @@ def _prepare(job: JobConfig, workers: int, replay, iterations: int | None, train
 
 
 def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, iterations: int | None = None,
-                 show_progress: bool = True, train: bool = False) -> dict:
+                 show_progress: bool = True, train: bool = False, provenance=None) -> dict:
     """Simulate `job` with `workers` virtual workers into `run_dir`; returns the summary (also written).
     With `train`, real weights (``sim.training``): the run has a model, evaluations and ``model.h5``.
+    `provenance`: for a replay, what ``sim.provenance.check_replay`` found (the mismatches accepted,
+    the reasons the replay is not exact); checked here when not given.
 
     Raises
     ------
@@ -159,6 +162,11 @@ def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, it
         does not fit `workers`, a replay directory that is not a run (or, with `train`, limits past its
         recording), or a job with no iteration or time limit (:func:`check_simulation`).
     """
+    if replay is not None and provenance is None:
+        from .provenance import check_replay
+
+        provenance = check_replay(replay, job, train=train, accept=frozenset())
+    accepted, reasons = provenance or ({}, [])
     job, recorded, trainer, limits, until, source, policy = _prepare(job, workers, replay, iterations, train)
     progress = Progress(sum(limits) if None not in limits else None, unit="push", enabled=show_progress)
     started = time.perf_counter()
@@ -185,13 +193,28 @@ def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, it
         "seconds_limit": None if until == math.inf else until,
         "pushes": result.pushes, "simulation_seconds": seconds, "restarts": [r.t for r in restarts],
         "pushes_per_second": result.pushes / seconds if seconds > 0 else None,
-        "exact_replay": recorded is not None,
+        # exact only where the recorded order was replayed, with the job, data and code the run had
+        "exact_replay": recorded is not None and not reasons,
+        "exact_replay_reason": _not_exact(replay, train, recorded, reasons),
+        "recorded_order": recorded is not None,
         **_statistics(result, policy_tables),
     }
     if trainer is not None:
         summary["simulation"]["training"] = trainer.statistics()
+    summary.update(identity_keys(ids.current(to_dict(job), run_id=ids.new_run_id(), accepted=accepted).as_dict()))
     write_summary(run_dir, summary)
     return summary
+
+
+def _not_exact(replay, train: bool, recorded, reasons: list[str]) -> str | None:
+    """Why the simulation is not an exact replay of a live run (None: it is one)."""
+    if recorded is not None and not reasons:
+        return None
+    if replay is None or not train:
+        return "not a replay with real weights (--replay RUN --train)"
+    if recorded is None:
+        return "the recorded order of pushes does not fit this job (another sync model or number of workers)"
+    return "; ".join(reasons)
 
 
 def _diverging_quietly(trainer):
