@@ -201,13 +201,19 @@ def _start_mpi():
     """Import the MPI runtime, which starts MPI, within ``$EBSP_MPI_INIT_TIMEOUT_S`` (default 300 s);
     returns :func:`ebsp_mpi.runtime.launch.run_mpi`.
 
-    A rank can wait in ``MPI_Init`` forever, printing nothing: a requeued Slurm job whose ranks meet the
-    shared memory its killed first start left behind (slurm/README.md), or a process manager that never
-    answers. No Python signal handler runs while the main thread is inside the MPI library, but
-    faulthandler's watchdog thread does: past the limit it prints where the rank was and exits with code
-    1, and the launcher ends the job.
+    A rank can wait in ``MPI_Init`` forever, printing nothing: ranks of a node given different
+    ``MPIR_CVAR_*`` settings (an MPMD launch), a requeued Slurm job whose ranks meet the shared memory
+    its killed first start left behind (slurm/README.md), or a process manager that never answers. No
+    Python signal handler runs while the main thread is inside the MPI library: a watcher process
+    forked before it (``runtime.init_watch``) prints one line naming this rank's MPICH settings past the
+    limit and kills the rank, and the launcher ends the job. Without ``fork``, faulthandler's watchdog
+    thread prints where the rank was and exits with code 1.
     """
     import faulthandler
+
+    from .runtime.env import rank_from_env
+    from .runtime.init_watch import InitWatch, init_timeout_line
+    from .runtime.node_settings import disagreement, forget
 
     text = os.environ.get(MPI_INIT_TIMEOUT_ENV, "")
     try:
@@ -217,12 +223,22 @@ def _start_mpi():
     if not 0 <= timeout <= MPI_INIT_TIMEOUT_MAX_S:
         raise UsageError(f"{MPI_INIT_TIMEOUT_ENV} = {text!r}: expected seconds from 0 (no limit) to "
                          f"{MPI_INIT_TIMEOUT_MAX_S:g} (a week)")
-    armed = bool(timeout) and sys.__stderr__ is not None
+    differ, written = disagreement()
+    if differ:  # every rank of the node knows; the node's first says it
+        if os.environ.get("MPI_LOCALRANKID") == "0":
+            print(f"ebsp_mpi: error: {differ}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)  # its file stays: a peer may not have read it yet
+    watch = InitWatch(timeout, init_timeout_line(rank_from_env(), timeout)) if timeout and hasattr(os, "fork") \
+        else None
+    armed = bool(timeout) and watch is None and sys.__stderr__ is not None
     if armed:  # the process's own stderr: a file descriptor, which faulthandler's thread writes to
         faulthandler.dump_traceback_later(timeout, exit=True, file=sys.__stderr__)
     try:
         from .runtime.launch import run_mpi
     finally:
+        if watch is not None:
+            watch.done()
+        forget(written)
         if armed:
             faulthandler.cancel_dump_traceback_later()
     return run_mpi

@@ -180,12 +180,15 @@ def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, it
     parts = [source.parts(w, result.start[w], result.push[w]) for w in range(workers)]
     iterations, first = _iteration_table(result, parts, ends)
     run_dir.mkdir(parents=True, exist_ok=True)  # the command made it; a caller of this function may not have
+    # what the simulation is made from, its id on every file it writes
+    identity = ids.current(to_dict(job), run_id=ids.new_run_id(), accepted=accepted).as_dict()
     if trainer is not None:  # the last evaluations first: the server's trace holds them
         with _diverging_quietly(trainer):
             _finish_training(job, run_dir, trainer, result, policy.name)
     if job.trace.enabled:
         evals = _eval_rows(trainer.evals if trainer is not None else [])
-        _write_traces(job, run_dir, workers, source, result, {**policy_tables, "evals": evals}, iterations, first)
+        _write_traces(job, run_dir, workers, source, result, {**policy_tables, "evals": evals}, iterations, first,
+                      identity)
     summary = _summary(job, policy.name, workers, result, parts, iterations, first, trainer)
     summary["simulation"] = {
         "source": source.source, "replay": None if replay is None else str(replay),
@@ -201,7 +204,7 @@ def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, it
     }
     if trainer is not None:
         summary["simulation"]["training"] = trainer.statistics()
-    summary.update(identity_keys(ids.current(to_dict(job), run_id=ids.new_run_id(), accepted=accepted).as_dict()))
+    summary.update(identity_keys(identity))
     write_summary(run_dir, summary)
     return summary
 
@@ -259,11 +262,12 @@ def _schedule(job: JobConfig, workers: int, source, policy, limits: list, until:
 
 
 def _write_traces(job: JobConfig, run_dir: Path, workers: int, source, result: SimResult,
-                  server_tables: dict[str, np.ndarray], iterations: np.ndarray, first: np.ndarray) -> None:
+                  server_tables: dict[str, np.ndarray], iterations: np.ndarray, first: np.ndarray,
+                  identity: dict) -> None:
     """The server's trace (``pushes``, ``pulls`` and `server_tables`) and the workers' (one file each,
     or shared files past WORKER_FILES_MAX); `iterations` holds every worker's rows, worker w's from
     ``first[w]`` to ``first[w + 1]``."""
-    attrs = _attrs(job, run_dir, workers, source)
+    attrs = _attrs(job, identity, workers, source)
     _write_rank(run_dir, 0, encode_attrs({**attrs, "role": "server", "rank": 0}), {
         "pushes": _push_rows(result), "pulls": _pull_rows(result), **server_tables})
     if workers <= WORKER_FILES_MAX:
@@ -450,8 +454,9 @@ def _record_rows(records) -> dict[str, np.ndarray]:
 # -- the files ---------------------------------------------------------------------------------------
 
 
-def _attrs(job: JobConfig, run_dir: Path, workers: int, source) -> dict:
-    return dict(run_id=run_dir.name, world_size=workers + 1, host=socket.gethostname(), pid=os.getpid(),
+def _attrs(job: JobConfig, identity: dict, workers: int, source) -> dict:
+    return dict(run_id=identity["run_id"], identity=identity, world_size=workers + 1, host=socket.gethostname(),
+                pid=os.getpid(),
                 backend="simulated", device="virtual", mpi_library="", package_version=__version__,
                 config=to_dict(job), clock_offset_s=0.0, simulated=True, simulation_source=source.source)
 
