@@ -216,8 +216,8 @@ def _start_mpi():
     from .runtime.node_settings import disagreement, forget
 
     text = os.environ.get(MPI_INIT_TIMEOUT_ENV, "")
-    try:
-        timeout = float(text) if text else MPI_INIT_TIMEOUT_S
+    try:  # ASCII only: float() takes other scripts' digits ('٥' is 5.0)
+        timeout = float(text) if text.isascii() and text else MPI_INIT_TIMEOUT_S if not text else -1.0
     except ValueError:
         timeout = -1.0
     if not 0 <= timeout <= MPI_INIT_TIMEOUT_MAX_S:

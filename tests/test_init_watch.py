@@ -67,3 +67,23 @@ def test_a_launch_that_agrees_leaves_no_file_behind(tmp_path):
     p = subprocess.run([*mpiexec(), "-n", "3", *train], capture_output=True, text=True, timeout=100, env=child_env())
     assert p.returncode == 0, p.stderr
     assert set(glob.glob("/dev/shm/ebsp-mpi-cvars-*")) <= before
+
+
+@pytest.mark.parametrize("env", [{"MPI_LOCALNRANKS": "3", "MPI_LOCALRANKID": "5", "PMI_SIZE": "3"},
+                                 {"MPI_LOCALNRANKS": "99999999", "MPI_LOCALRANKID": "0", "PMI_SIZE": "3"},
+                                 {"MPI_LOCALNRANKS": "٣", "MPI_LOCALRANKID": "0", "PMI_SIZE": "3"}])
+def test_launcher_values_no_launch_gives_are_not_compared(env):
+    """A local rank past the local count was an IndexError; a local count of 10**8 built 10**8 paths."""
+    from ebsp_mpi.runtime.node_settings import disagreement
+
+    assert disagreement(env, wait_s=0.1) == (None, [])
+
+
+@pytest.mark.parametrize("text", ["٥", "inf", "nan", "-1", "1e300"])
+def test_the_init_deadline_takes_ascii_seconds_within_bounds(text, monkeypatch):
+    from ebsp_mpi.cli import _start_mpi
+    from ebsp_mpi.errors import UsageError
+
+    monkeypatch.setenv("EBSP_MPI_INIT_TIMEOUT_S", text)
+    with pytest.raises(UsageError, match="EBSP_MPI_INIT_TIMEOUT_S = .*: expected seconds from 0"):
+        _start_mpi()

@@ -80,6 +80,20 @@ def test_accept_mismatch_takes_only_known_pieces(capsys):
     assert "goes with --resume" in one_line_error(capsys, ["train", "--accept-mismatch", "job"])
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("special", ["fifo", "/dev/zero"])
+def test_a_dataset_path_that_is_not_a_regular_file_is_refused_not_read(special, tmp_path, capsys):
+    """The fingerprint read a FIFO (the open blocked for ever) and /dev/zero (without end)."""
+    import os
+
+    path = tmp_path / "fifo.h5" if special == "fifo" else Path(special)
+    if special == "fifo":
+        os.mkfifo(path)
+    line = one_line_error(capsys, ["train", "-q", "--out", str(tmp_path / "run"),
+                                   *sets(*QUICK, "data.name=hdf5", f"data.path={path}")])
+    assert f"missing dataset file '{path}'" in line and not (tmp_path / "run").exists()
+
+
 # -- train --resume -----------------------------------------------------------------------------------
 
 

@@ -26,7 +26,10 @@ BLOCK_BYTES = 64 * 1024
 
 def file_fingerprint(path: str) -> str:
     """``<size>:<16 hex digits>`` of the file at `path` (see the module docstring); ``missing`` or
-    ``unreadable`` when it cannot be read (the dataset's loader then says why, in one line)."""
+    ``unreadable`` when it cannot be read (the dataset's loader then says why, in one line). Only a
+    regular file is read: a FIFO would block the open, and ``/dev/zero`` never end."""
+    if not os.path.isfile(path):
+        return "missing"
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from ..safe_text import ascii_digits
+from .env import world_size_from_env
 
 #: seconds a rank waits for the other ranks of its node to write their settings
 WAIT_S = 5.0
@@ -57,8 +58,10 @@ def disagreement(env=None, wait_s: float = WAIT_S) -> tuple[str | None, list[Pat
     for :func:`forget`)."""
     env = os.environ if env is None else env
     count, mine = env.get("MPI_LOCALNRANKS", ""), env.get("MPI_LOCALRANKID", "")
+    if not (ascii_digits(count) and ascii_digits(mine)) or not int(mine) < int(count) <= world_size_from_env(env):
+        return None, []  # not Hydra's, or values no launch of this size gives: nothing to compare
     key = _job_key()
-    if not (ascii_digits(count) and ascii_digits(mine)) or int(count) < 2 or key is None or not SHM.is_dir():
+    if int(count) < 2 or key is None or not SHM.is_dir():
         return None, []
     _remove_stale()
     paths = [SHM / f"ebsp-mpi-cvars-{key}-{r}" for r in range(int(count))]
