@@ -264,15 +264,16 @@ def check_identity(run_dir, job: JobConfig, ckpt: Checkpoint, accept: frozenset 
 
 
 def _run_ids(run_dir, trace_path) -> list[tuple[str, str | None]]:
-    """(file, run id it carries) of the run's summary (if any) and every rank's trace there is."""
+    """(file, run id it carries) of the run's summary (if any) and every rank's trace there is. A
+    summary that does not read as JSON is no other run's: the resumed run writes it anew."""
     run_dir, found = Path(run_dir), []
     summary = run_dir / "summary.json"
-    if summary.is_file():
-        try:
-            doc = json.loads(summary.read_text())
-        except (OSError, ValueError):
-            doc = {}
-        found.append((str(summary), doc.get("run_id") if isinstance(doc, dict) else None))
+    try:
+        doc = json.loads(summary.read_text()) if summary.is_file() else None
+    except (OSError, ValueError):
+        doc = None
+    if isinstance(doc, dict):
+        found.append((str(summary), doc.get("run_id")))
     traces = sorted(trace_path(run_dir, 0).parent.glob("rank-*.h5"))
     for path in traces:
         try:

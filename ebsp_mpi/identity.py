@@ -34,7 +34,7 @@ from .errors import UsageError
 
 PIECES = ("run", "job", "data", "code")
 #: what each piece is, for the messages
-NAMES = {"run": "run id", "job": "job", "data": "dataset files", "code": "code version"}
+NAMES = {"run": "run id", "job": "job", "data": "dataset", "code": "code version"}
 #: keys a resumed run may change without changing what it is (``checkpoint.RESUMABLE_CHANGES``)
 FREE_KEYS = ("stop", "checkpoint")
 NOT_RECORDED = "not recorded"

@@ -119,7 +119,7 @@ def test_a_replaced_dataset_file_is_refused_then_accepted(single_run, capsys):
     data_file(data, seed=1)  # the same shapes and size, other samples
     before = files_of(run)
     line = one_line_error(capsys, resume_args(run))
-    assert "the dataset files differs from the run's: it was d.h5 " in line and "--accept-mismatch data" in line
+    assert "the dataset differs from the run's: it was d.h5 " in line and "--accept-mismatch data" in line
     assert files_of(run) == before
     assert main(resume_args(run, "--accept-mismatch", "data")) == 0
     accepted = json.loads((run / "summary.json").read_text())["accepted_mismatch"]
@@ -249,10 +249,10 @@ def test_an_exact_replay_checks_the_data_and_the_code(live_run, tmp_path):
     try:
         data_file(replaced, seed=1)
         line = simulate("--replay", run, "--train", "--out", tmp_path / "data", code=2)
-        assert "the dataset files differs from the run's: it was d.h5 " in line and not (tmp_path / "data").exists()
+        assert "the dataset differs from the run's: it was d.h5 " in line and not (tmp_path / "data").exists()
         summary = simulate("--replay", run, "--train", "--out", tmp_path / "data", "--accept-mismatch", "data")
         assert summary["simulation"]["exact_replay"] is False and summary["simulation"]["recorded_order"] is True
-        assert "the dataset files differs" in summary["simulation"]["exact_replay_reason"]
+        assert "the dataset differs" in summary["simulation"]["exact_replay_reason"]
     finally:
         replaced.write_bytes(saved)
     # another code version recorded
@@ -276,3 +276,10 @@ def test_a_replay_under_another_job_is_not_called_exact(live_run, tmp_path):
     sim = summary["simulation"]
     assert sim["recorded_order"] is True and sim["exact_replay"] is False
     assert sim["exact_replay_reason"] == "the job differs from the recorded one in optim.lr"
+
+
+def test_a_summary_that_is_not_json_is_no_other_runs(single_run):
+    run, _ = single_run
+    (run / "summary.json").write_text("{not json")
+    assert main(resume_args(run)) == 0  # it said the run id differed, "not recorded now"
+    assert json.loads((run / "summary.json").read_text())["accepted_mismatch"] is None

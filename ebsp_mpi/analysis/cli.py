@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import UsageError
+from ..safe_text import number
 
 #: what to run when pandas or matplotlib is missing
 INSTALL_ANALYSIS = 'pip install -e ".[analysis]"'
@@ -56,7 +57,7 @@ def _add_report(subparsers) -> None:
                                           "did not finish (it is listed under Problems).")
     _runs_arg(p, nargs="+")
     p.add_argument("--out", required=True, metavar="DIR", help="directory for the tables and figures")
-    p.add_argument("--window", nargs=2, type=float, metavar=("START", "LENGTH"),
+    p.add_argument("--window", nargs=2, type=number, metavar=("START", "LENGTH"),
                    help="timeline window in seconds (default: a dozen iterations of the slowest worker, "
                         "40%% into the run)")
     p.set_defaults(run=run_report, quiet=False)

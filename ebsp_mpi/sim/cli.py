@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from ..errors import UsageError
+from ..safe_text import integer
 
 
 def add_parser(subparsers) -> None:
@@ -33,9 +34,9 @@ def add_parser(subparsers) -> None:
                    help="job file (default: the replayed run's job with --replay, else the embedded default)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a job key, as for train (repeatable)")
-    p.add_argument("--workers", "-n", type=int, metavar="N",
+    p.add_argument("--workers", "-n", type=integer, metavar="N",
                    help="virtual workers (default: sync.workers, or the replayed run's)")
-    p.add_argument("--iterations", type=int, metavar="K", help="pushes per worker (default: stop.iterations)")
+    p.add_argument("--iterations", type=integer, metavar="K", help="pushes per worker (default: stop.iterations)")
     p.add_argument("--replay", metavar="RUN_DIR", help="replay the iteration times recorded in this run's traces")
     p.add_argument("--train", action="store_true",
                    help="real weights: every virtual worker computes its gradients on the version it was "
