@@ -195,6 +195,8 @@ MPI_INIT_TIMEOUT_ENV = "EBSP_MPI_INIT_TIMEOUT_S"
 MPI_INIT_TIMEOUT_S = 300.0
 #: the longest limit: a week (faulthandler's timer refuses what the platform's time_t cannot hold)
 MPI_INIT_TIMEOUT_MAX_S = 7 * 24 * 3600.0
+#: the shortest: a start of MPI takes a good part of a second on a loaded node; less would end every run
+MPI_INIT_TIMEOUT_MIN_S = 1.0
 
 
 def _start_mpi():
@@ -220,9 +222,9 @@ def _start_mpi():
         timeout = float(text) if text.isascii() and text else MPI_INIT_TIMEOUT_S if not text else -1.0
     except ValueError:
         timeout = -1.0
-    if not 0 <= timeout <= MPI_INIT_TIMEOUT_MAX_S:
-        raise UsageError(f"{MPI_INIT_TIMEOUT_ENV} = {text!r}: expected seconds from 0 (no limit) to "
-                         f"{MPI_INIT_TIMEOUT_MAX_S:g} (a week)")
+    if not (timeout == 0 or MPI_INIT_TIMEOUT_MIN_S <= timeout <= MPI_INIT_TIMEOUT_MAX_S):
+        raise UsageError(f"{MPI_INIT_TIMEOUT_ENV} = {text!r}: expected seconds from {MPI_INIT_TIMEOUT_MIN_S:g} to "
+                         f"{MPI_INIT_TIMEOUT_MAX_S:g} (a week), or 0 (no limit)")
     differ, written = disagreement()
     if differ:  # every rank of the node knows; the node's first says it
         if os.environ.get("MPI_LOCALRANKID") == "0":

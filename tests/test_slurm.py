@@ -372,8 +372,8 @@ def test_a_rank_that_mpi_init_holds_exits_after_ebsp_mpi_init_timeout(tmp_path):
         bad = subprocess.run([sys.executable, "-m", "ebsp_mpi", "train"], cwd=REPO, capture_output=True, text=True,
                              env={**env, "EBSP_MPI_INIT_TIMEOUT_S": value}, timeout=120)
         assert bad.returncode == 2
-        assert bad.stderr == (f"ebsp_mpi: error: EBSP_MPI_INIT_TIMEOUT_S = {value!r}: expected seconds from 0 "
-                              "(no limit) to 604800 (a week)\n"), bad.stderr
+        assert bad.stderr == (f"ebsp_mpi: error: EBSP_MPI_INIT_TIMEOUT_S = {value!r}: expected seconds from 1 "
+                              "to 604800 (a week), or 0 (no limit)\n"), bad.stderr
 
 
 @needs_mpich
