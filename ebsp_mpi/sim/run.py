@@ -180,8 +180,10 @@ def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, it
     parts = [source.parts(w, result.start[w], result.push[w]) for w in range(workers)]
     iterations, first = _iteration_table(result, parts, ends)
     run_dir.mkdir(parents=True, exist_ok=True)  # the command made it; a caller of this function may not have
-    # what the simulation is made from, its id on every file it writes
+    # what the simulation is made from, its id on every file it writes (no dataset without real weights)
     identity = ids.current(to_dict(job), run_id=ids.new_run_id(), accepted=accepted).as_dict()
+    if trainer is None:
+        identity["data"] = None
     if trainer is not None:  # the last evaluations first: the server's trace holds them
         with _diverging_quietly(trainer):
             _finish_training(job, run_dir, trainer, result, policy.name)
