@@ -17,7 +17,9 @@ checkpoint counts can be missing. A pending file left by a killed run is never r
 array carries the SHA-256 of its values (attribute ``sha256``), and the file the SHA-256 of its
 attributes (``attrs_sha256``: the job, the counts, the policy's state) and of the OSDP plan file the job
 names (``plan_sha256``): a damaged checkpoint, or a plan file replaced since, is refused in one line
-instead of trained on.
+instead of trained on. It also holds the run's identity (``identity_json``, ``ebsp_mpi.identity``): its
+run id, and the job, dataset files and code it was made from, which ``--resume`` checks
+(:func:`check_identity`).
 """
 
 from __future__ import annotations
@@ -41,9 +43,9 @@ log = logging.getLogger(__name__)
 CHECKPOINT_FILE = "checkpoint.h5"
 #: a checkpoint written and not yet committed (``write_checkpoint(pending=True)``, ``commit_checkpoint``)
 PENDING_FILE = "checkpoint.pending.h5"
-FORMAT = 2  # 2: the SHA-256 of every array, of the attributes and of the OSDP plan file
-#: formats read: 1, written before the checksums, is read unverified (with a warning)
-READABLE = (1, 2)
+FORMAT = 3  # 2: the SHA-256 of every array, of the attributes and of the OSDP plan file; 3: the run's identity
+#: formats read: 1, written before the checksums, is read unverified (with a warning); 1 and 2 have no identity
+READABLE = (1, 2, 3)
 #: per-worker figures a checkpoint carries: seconds of compute, waiting and injected delay so far, and the
 #: last minibatch loss (NaN before the first push)
 TOTALS = ("compute_s", "wait_s", "injected_delay_s")
@@ -70,6 +72,8 @@ class Checkpoint:
     #: SHA-256 of the OSDP plan file the run trains with ("" without one); write_checkpoint takes it from
     #: the file when not given (see plan_digest)
     plan_sha256: str = ""
+    #: the run's identity (``identity.Identity.as_dict``); None in a checkpoint written before format 3
+    identity: dict | None = None
 
 
 def _attrs_digest(attrs: dict) -> str:
@@ -102,7 +106,8 @@ def write_checkpoint(run_dir: Path, ckpt: Checkpoint, pending: bool = False) -> 
                  rejected=int(ckpt.rejected), policy_json=json.dumps(ckpt.policy),
                  evals_json=json.dumps([list(e) for e in ckpt.evals]),
                  reached_json=json.dumps({repr(float(k)): v for k, v in ckpt.reached.items()}),
-                 config_json=json.dumps(ckpt.config), plan_sha256=ckpt.plan_sha256 or plan_digest(ckpt.config))
+                 config_json=json.dumps(ckpt.config), plan_sha256=ckpt.plan_sha256 or plan_digest(ckpt.config),
+                 identity_json=json.dumps(ckpt.identity))
     with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
         for name, values in arrays.items():
             f.create_dataset(name, data=values).attrs["sha256"] = array_digest(values)
@@ -170,7 +175,8 @@ def read_checkpoint(run_dir, arrays: bool = True) -> Checkpoint:
                 rejected=int(f.attrs["rejected"]), policy=json.loads(f.attrs["policy_json"]),
                 evals=[tuple(e) for e in json.loads(f.attrs["evals_json"])],
                 reached={float(k): v for k, v in json.loads(f.attrs["reached_json"]).items()},
-                config=json.loads(f.attrs["config_json"]), plan_sha256=str(f.attrs.get("plan_sha256", "")))
+                config=json.loads(f.attrs["config_json"]), plan_sha256=str(f.attrs.get("plan_sha256", "")),
+                identity=json.loads(f.attrs["identity_json"]) if "identity_json" in f.attrs else None)
     except (OSError, KeyError, ValueError, TypeError) as e:
         raise UsageError(f"{path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
 
@@ -179,12 +185,16 @@ def _damaged(path: Path, what: str) -> str:
     return f"{path}: {what}: the checkpoint is damaged; resume from a copy of the run directory, or start a new run"
 
 
-def resume_job(run_dir, job_file: str | None, overrides) -> tuple[JobConfig, Checkpoint]:
+def resume_job(run_dir, job_file: str | None, overrides,
+               accept: frozenset = frozenset()) -> tuple[JobConfig, Checkpoint]:
     """The job a resumed run continues, and its checkpoint (without arrays).
 
     The job is the checkpoint's own. `job_file` and `overrides`, where given, must describe the same
     job: only the keys under ``stop.`` and ``checkpoint.`` may differ (to run longer, or checkpoint
-    more often); any other difference is refused, naming the keys.
+    more often). Any other difference is the ``job`` piece of the run's identity differing: refused in
+    one line naming the keys, unless `accept` holds ``job``; even then the keys that shape what the
+    checkpoint holds (:data:`STATE_KEYS`: the parameters, the data each worker reads, the policy's
+    state) are refused.
     """
     ckpt = read_checkpoint(run_dir, arrays=False)
     source = str(Path(run_dir) / CHECKPOINT_FILE)
@@ -196,12 +206,83 @@ def resume_job(run_dir, job_file: str | None, overrides) -> tuple[JobConfig, Che
         return saved, ckpt
     given = load_job(job_file, overrides) if job_file is not None else \
         apply_overrides(job_from_dict(ckpt.config, source), overrides)
-    changed = [key for key in _differing_keys(to_dict(saved), to_dict(given))
-               if not key.startswith(RESUMABLE_CHANGES)]
-    if changed:
-        raise UsageError(f"--resume {run_dir}: the job differs from the checkpoint's in {', '.join(changed)}; "
-                         f"a resumed run may change only stop.* and checkpoint.* (start a new run otherwise)")
+    then, now = to_dict(saved), to_dict(given)
+    changed = [key for key in _differing_keys(then, now) if not key.startswith(RESUMABLE_CHANGES)]
+    if not changed:
+        return given, ckpt
+    where = f"--resume {run_dir}"
+    first = changed[0]
+    values = f"{first} = {_value_at(then, first)!r} then, {_value_at(now, first)!r} now"
+    if "job" not in accept:
+        raise UsageError(f"{where}: the job differs from the run's in {', '.join(changed)} ({values}); a resumed "
+                         f"run may change only stop.* and checkpoint.*: start a new run, or give "
+                         f"--accept-mismatch job to go on with this job (the summary records it)")
+    fixed = [key for key in changed if key.startswith(STATE_KEYS)]
+    if fixed:
+        raise UsageError(f"{where}: the job differs from the run's in {', '.join(fixed)} ({values}), which shape "
+                         f"what the checkpoint holds: no run can go on from it with that change, even with "
+                         f"--accept-mismatch job; start a new run")
     return given, ckpt
+
+
+#: keys a resumed run can never change, even with ``--accept-mismatch job``: the parameters' shapes,
+#: the data each worker reads at each iteration, the policy whose state the checkpoint holds
+STATE_KEYS = ("model.", "data.", "sync.", "seed", "runtime.servers", "osdp.")
+
+
+def _value_at(config: dict, key: str):
+    for part in key.split("."):
+        config = config.get(part) if isinstance(config, dict) else None
+    return config
+
+
+def check_identity(run_dir, job: JobConfig, ckpt: Checkpoint, accept: frozenset = frozenset()):
+    """The run in `run_dir` must be the one its checkpoint describes, made from the dataset files and
+    code there are now (``ebsp_mpi.identity``): its run id against every trace and its summary, the
+    dataset files' fingerprints, the code version. The job was checked by :func:`resume_job`. Returns
+    the identity the resumed run goes on with; a piece that differs and is not in `accept` is
+    refused in one line naming it and both values."""
+    from . import identity
+    from .trace.writer import trace_path
+
+    where = f"--resume {run_dir}"
+    recorded = identity.Identity.from_dict(ckpt.identity)
+    if ckpt.identity is None:  # a checkpoint before identities: its job is recorded all the same
+        recorded = identity.Identity(run_id=None, job=identity.job_fingerprint(ckpt.config), data=None, code=None)
+    now = identity.current(to_dict(job))
+    accepted = {}
+    for path, found in _run_ids(run_dir, trace_path):
+        if found != recorded.run_id:
+            if "run" not in accept:
+                raise UsageError(identity.mismatch_line(where, "run", recorded.run_id, found, f" ({path})"))
+            accepted["run"] = {"recorded": recorded.run_id, "now": found}
+            break
+    accepted.update(identity.check(where, recorded, now, accept, pieces=("data", "code")))
+    if now.job != recorded.job:  # the keys resume_job let through (or a checkpoint's job edited by its writer)
+        accepted["job"] = {"recorded": recorded.job, "now": now.job}
+    return identity.continued(recorded, now, accepted)
+
+
+def _run_ids(run_dir, trace_path) -> list[tuple[str, str | None]]:
+    """(file, run id it carries) of the run's summary (if any) and every rank's trace there is. A
+    summary that does not read as JSON is no other run's: the resumed run writes it anew."""
+    run_dir, found = Path(run_dir), []
+    summary = run_dir / "summary.json"
+    try:
+        doc = json.loads(summary.read_text()) if summary.is_file() else None
+    except (OSError, ValueError):
+        doc = None
+    if isinstance(doc, dict):
+        found.append((str(summary), doc.get("run_id")))
+    traces = sorted(trace_path(run_dir, 0).parent.glob("rank-*.h5"))
+    for path in traces:
+        try:
+            with h5py.File(path, "r") as f:
+                run_id = f.attrs.get("run_id")
+        except OSError:
+            continue  # check_traces_resumable names it
+        found.append((str(path), run_id.decode() if isinstance(run_id, bytes) else run_id))
+    return found
 
 
 def check_traces_resumable(run_dir, job: JobConfig, workers: int, world_size: int) -> None:

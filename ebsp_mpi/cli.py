@@ -72,6 +72,10 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     train.add_argument("--resume", metavar="DIR",
                        help="continue the run in DIR from its checkpoint.h5 (its own job; JOB and --set may "
                             "change only stop.* and checkpoint.*)")
+    train.add_argument("--accept-mismatch", metavar="PIECE[,PIECE]",
+                       help="with --resume: go on although these pieces of the run's identity differ from what "
+                            "the run was made from: run (its id), job, data (the dataset files), code, or all; "
+                            "the summary records it")
     train.set_defaults(run=_train)
 
     config = sub.add_parser("config", help="print the resolved job as TOML (the embedded default without JOB)")
@@ -118,14 +122,17 @@ def _config(args) -> int:
 
 
 def _resumed_job(args, world_size: int):
-    """The job of the run that ``--resume DIR`` continues, its workers (those of the checkpoint), and its
-    OSDP plan as read (the one the run trained with)."""
-    from .checkpoint import check_plan_unchanged, check_traces_resumable, resume_job
+    """The job of the run that ``--resume DIR`` continues, its workers (those of the checkpoint), its
+    OSDP plan as read (the one the run trained with), and its identity, checked against what the run
+    was made from (``ebsp_mpi.identity``)."""
+    from .checkpoint import check_identity, check_plan_unchanged, check_traces_resumable, resume_job
+    from .identity import parse_accepted
     from .run_description import read_osdp_plan
 
     if args.out:
         raise UsageError("--resume DIR continues the run in DIR: give no --out")
-    job, ckpt = resume_job(args.resume, args.job, args.overrides)
+    accept = parse_accepted(args.accept_mismatch)
+    job, ckpt = resume_job(args.resume, args.job, args.overrides, accept)
     try:
         plan = read_osdp_plan(job)
     except UsageError:  # gone or damaged: the check names the plan the run needs, if the checkpoint knows it
@@ -145,7 +152,7 @@ def _resumed_job(args, world_size: int):
     if left is not None:
         raise UsageError(f"--resume {args.resume}: nothing left to do: {left}; its files stay as they are")
     check_traces_resumable(args.resume, job, workers, world_size)
-    return job, workers, plan
+    return job, workers, plan, check_identity(args.resume, job, ckpt, accept)
 
 
 def work_left(job, ckpt) -> str | None:
@@ -193,34 +200,52 @@ MPI_INIT_TIMEOUT_ENV = "EBSP_MPI_INIT_TIMEOUT_S"
 MPI_INIT_TIMEOUT_S = 300.0
 #: the longest limit: a week (faulthandler's timer refuses what the platform's time_t cannot hold)
 MPI_INIT_TIMEOUT_MAX_S = 7 * 24 * 3600.0
+#: the shortest: a start of MPI takes a good part of a second on a loaded node; less would end every run
+MPI_INIT_TIMEOUT_MIN_S = 1.0
 
 
 def _start_mpi():
     """Import the MPI runtime, which starts MPI, within ``$EBSP_MPI_INIT_TIMEOUT_S`` (default 300 s);
     returns :func:`ebsp_mpi.runtime.launch.run_mpi`.
 
-    A rank can wait in ``MPI_Init`` forever, printing nothing: a requeued Slurm job whose ranks meet the
-    shared memory its killed first start left behind (slurm/README.md), or a process manager that never
-    answers. No Python signal handler runs while the main thread is inside the MPI library, but
-    faulthandler's watchdog thread does: past the limit it prints where the rank was and exits with code
-    1, and the launcher ends the job.
+    A rank can wait in ``MPI_Init`` forever, printing nothing: ranks of a node given different
+    ``MPIR_CVAR_*`` settings (an MPMD launch), a requeued Slurm job whose ranks meet the shared memory
+    its killed first start left behind (slurm/README.md), or a process manager that never answers. No
+    Python signal handler runs while the main thread is inside the MPI library: a watcher process
+    forked before it (``runtime.init_watch``) prints one line naming this rank's MPICH settings past the
+    limit and kills the rank, and the launcher ends the job. Without ``fork``, faulthandler's watchdog
+    thread prints where the rank was and exits with code 1.
     """
     import faulthandler
 
+    from .runtime.env import rank_from_env
+    from .runtime.init_watch import InitWatch, init_timeout_line
+    from .runtime.node_settings import disagreement, forget
+
     text = os.environ.get(MPI_INIT_TIMEOUT_ENV, "")
-    try:
-        timeout = float(text) if text else MPI_INIT_TIMEOUT_S
+    try:  # ASCII only: float() takes other scripts' digits ('٥' is 5.0)
+        timeout = float(text) if text.isascii() and text else MPI_INIT_TIMEOUT_S if not text else -1.0
     except ValueError:
         timeout = -1.0
-    if not 0 <= timeout <= MPI_INIT_TIMEOUT_MAX_S:
-        raise UsageError(f"{MPI_INIT_TIMEOUT_ENV} = {text!r}: expected seconds from 0 (no limit) to "
-                         f"{MPI_INIT_TIMEOUT_MAX_S:g} (a week)")
-    armed = bool(timeout) and sys.__stderr__ is not None
+    if not (timeout == 0 or MPI_INIT_TIMEOUT_MIN_S <= timeout <= MPI_INIT_TIMEOUT_MAX_S):
+        raise UsageError(f"{MPI_INIT_TIMEOUT_ENV} = {text!r}: expected seconds from {MPI_INIT_TIMEOUT_MIN_S:g} to "
+                         f"{MPI_INIT_TIMEOUT_MAX_S:g} (a week), or 0 (no limit)")
+    differ, written = disagreement()
+    if differ:  # every rank of the node knows; the node's first says it
+        if os.environ.get("MPI_LOCALRANKID") == "0":
+            print(f"ebsp_mpi: error: {differ}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)  # its file stays: a peer may not have read it yet
+    watch = InitWatch(timeout, init_timeout_line(rank_from_env(), timeout)) if timeout and hasattr(os, "fork") \
+        else None
+    armed = bool(timeout) and watch is None and sys.__stderr__ is not None
     if armed:  # the process's own stderr: a file descriptor, which faulthandler's thread writes to
         faulthandler.dump_traceback_later(timeout, exit=True, file=sys.__stderr__)
     try:
         from .runtime.launch import run_mpi
     finally:
+        if watch is not None:
+            watch.done()
+        forget(written)
         if armed:
             faulthandler.cancel_dump_traceback_later()
     return run_mpi
@@ -233,18 +258,22 @@ def _train(args) -> int:
 
     world_size = world_size_from_env()
     if args.resume:
-        job, workers, plan = _resumed_job(args, world_size)
+        job, workers, plan, identity = _resumed_job(args, world_size)
     else:
+        if args.accept_mismatch:
+            raise UsageError("--accept-mismatch goes with --resume DIR: a new run has nothing to differ from")
         job = load_job(args.job, args.overrides)
         workers = check_workers(job, world_size)
         plan = read_osdp_plan(job)  # the one read of the plan file in this process: passed down from here
+        identity = None  # a new run's: worked out where its id is made (rank 0, or the single process)
     # a bad value is one line here, not a rank's crash
     parse_fault(os.environ.get(FAULT_ENV, ""), world_size, job.runtime.servers)
     _check_on_demand_layers(job, plan, world_size)
     out = args.resume or args.out
     if world_size > 1:
         run_mpi = _start_mpi()
-        return run_mpi(job, out, show_progress=not args.quiet, resume=bool(args.resume), plan=plan)
+        return run_mpi(job, out, show_progress=not args.quiet, resume=bool(args.resume), plan=plan,
+                       identity=identity)
 
     from . import reference
     from .outputs import describe_run, make_run_dir, release_lock, remove_if_unused, training_failed
@@ -254,7 +283,7 @@ def _train(args) -> int:
     stop = StopSignals()
     try:
         summary = reference.train(job, run_dir, workers, show_progress=not args.quiet, resume=bool(args.resume),
-                                  plan=plan, stop=stop)
+                                  plan=plan, stop=stop, identity=identity)
     except UsageError:
         remove_if_unused(run_dir)  # bad input found while setting up: leave no empty run behind
         raise

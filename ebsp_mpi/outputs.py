@@ -117,7 +117,8 @@ class AccuracyTargets:
 SUMMARY_KEYS = ("name", "sync", "workers", "world_size", "backend", "wall_seconds", "iterations", "wait_seconds",
                 "compute_seconds", "injected_delay_seconds", "barriers", "rejected_pushes", "versions",
                 "train_loss", "test_loss", "test_accuracy", "samples_per_second", "time_to_accuracy", "evals",
-                "divergence", "hybrid", "bytes", "osdp", "package_version", "mpi_library", "config")
+                "divergence", "hybrid", "bytes", "osdp", "package_version", "mpi_library", "config", "run_id",
+                "identity", "accepted_mismatch")
 
 
 def build_summary(job, *, sync: str, world_size: int, backend: str, wall_seconds: float, iterations: list[int],
@@ -183,7 +184,16 @@ def build_summary(job, *, sync: str, world_size: int, backend: str, wall_seconds
         "package_version": __version__,
         "mpi_library": mpi_library,
         "config": to_dict(job),
+        **identity_keys(None),
     }
+
+
+def identity_keys(identity: dict | None) -> dict:
+    """The summary's keys of the run's identity (``ebsp_mpi.identity``): its id, the identity, and the
+    mismatches the user accepted (``--accept-mismatch``), null where the run has none."""
+    identity = identity or {}
+    return {"run_id": identity.get("run_id"), "identity": identity or None,
+            "accepted_mismatch": identity.get("accepted") or None}
 
 
 def _per_worker(iterations, wait_seconds, compute_seconds, injected_delay_seconds) -> dict:

@@ -15,9 +15,10 @@ from pathlib import Path
 import numpy as np
 
 from .backend import resolve_backend
+from .errors import UsageError
 from .build import FROM_JOB, optimizer, schedule
 from .checkpoint import LAST_LOSS, read_checkpoint
-from .config import JobConfig
+from .config import JobConfig, to_dict
 from .nn.average import round_mean
 from .outputs import build_summary
 from .progress import Progress
@@ -29,14 +30,15 @@ log = logging.getLogger(__name__)
 
 
 def train(job: JobConfig, run_dir: Path, workers: int, show_progress: bool = True, resume: bool = False,
-          plan=FROM_JOB, stop: StopSignals | None = None) -> dict:
+          plan=FROM_JOB, stop: StopSignals | None = None, identity=None) -> dict:
     """Train until a stop condition; write ``summary.json`` and ``model.h5`` into `run_dir`.
 
     Checkpoints go to ``run_dir/checkpoint.h5`` every ``checkpoint.every_seconds``, at the end, and on
     SIGTERM or SIGINT (Ctrl-C), which end the run there. With `resume`, the run continues from that
     checkpoint. `plan`: the job's OSDP plan as the command line read it
     (``run_description.read_osdp_plan``), by default read here. `stop`: where the signals are noted
-    (its ``exit_code`` tells the caller which came).
+    (its ``exit_code`` tells the caller which came). `identity`: what the run is made from
+    (``ebsp_mpi.identity``), by default worked out here with a new run id.
 
     Returns
     -------
@@ -45,7 +47,11 @@ def train(job: JobConfig, run_dir: Path, workers: int, show_progress: bool = Tru
     """
     if plan is FROM_JOB:
         plan = read_osdp_plan(job)
-    trainer = ReferenceTrainer(describe(job, workers, plan), run_dir, resume)
+    if identity is None:
+        from . import identity as ids
+
+        identity = ids.current(to_dict(job), run_id=ids.new_run_id())
+    trainer = ReferenceTrainer(describe(job, workers, plan, identity), run_dir, resume)
     stop = (StopSignals() if stop is None else stop).install()
     try:
         # a resumed run's rate counts this process's steps; a step trains on every worker's batch
@@ -84,6 +90,8 @@ class ReferenceTrainer:
         self.resumed_at = 0.0
         ckpt = read_checkpoint(run_dir) if resume else None
         if ckpt is not None:
+            if ckpt.params.shape != space.data.shape:  # a dataset of other shapes, accepted as a mismatch
+                raise UsageError(f"checkpoint of {ckpt.params.size} parameters; this job's model has {space.size}")
             space.data[...] = xp.asarray(ckpt.params)
             self.opt.velocity[...] = xp.asarray(ckpt.velocity)
             self.step, self.resumed_at = ckpt.version, ckpt.run_seconds

@@ -96,12 +96,15 @@ class RunDescription:
     dataset : Dataset
     plan : OsdpPlan or None
         The OSDP plan, read once (None: every layer resident).
+    identity : Identity or None
+        What the run is made from (``ebsp_mpi.identity``): its checkpoints and summary record it.
     """
 
     job: JobConfig
     workers: int
     dataset: Dataset
     plan: OsdpPlan | None
+    identity: object = None
 
     @cached_property
     def limits(self) -> tuple[int | None, ...]:
@@ -132,8 +135,8 @@ class RunDescription:
         return build.batch_stream(self.job, self.dataset, worker, self.workers)
 
 
-def describe(job: JobConfig, workers: int, plan: OsdpPlan | None) -> RunDescription:
+def describe(job: JobConfig, workers: int, plan: OsdpPlan | None, identity=None) -> RunDescription:
     """The run of `job` with `workers` workers and the plan already read (:func:`read_osdp_plan`):
     loads the dataset (the one slow part: call it where a failure is reported, e.g. in an MPI rank's
     set-up)."""
-    return RunDescription(job=job, workers=workers, dataset=build.dataset(job), plan=plan)
+    return RunDescription(job=job, workers=workers, dataset=build.dataset(job), plan=plan, identity=identity)

@@ -15,7 +15,7 @@ import numpy as np
 from .checkpoint import Checkpoint, commit_checkpoint, write_checkpoint
 from .config import to_dict
 from .divergence import DivergenceWatch
-from .outputs import AccuracyTargets, write_model, write_summary
+from .outputs import AccuracyTargets, identity_keys, write_model, write_summary
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,8 @@ class RunRecord:
         self.job, self.run_dir = description.job, Path(run_dir)
         self.config = to_dict(self.job)
         self.plan_sha256 = description.plan_sha256  # the OSDP plan as the run started with it
+        identity = description.identity
+        self.identity = identity.as_dict() if identity is not None else None
         self.targets = AccuracyTargets(list(self.job.eval.targets))
         self.evals: list[tuple] = []  # (t, version, test loss, test accuracy) of every evaluation
         self.last_eval = (None, None)  # (test loss, test accuracy) of the latest evaluation
@@ -78,7 +80,7 @@ class RunRecord:
         write_checkpoint(self.run_dir, Checkpoint(
             params=params, velocity=velocity, version=version, run_seconds=t, iterations=iterations, totals=totals,
             rejected=rejected, policy=policy or {}, evals=self.evals, reached=self.targets.reached,
-            config=self.config, plan_sha256=self.plan_sha256), pending=pending)
+            config=self.config, plan_sha256=self.plan_sha256, identity=self.identity), pending=pending)
         every = self.job.checkpoint.every_seconds
         self.next_checkpoint = t + every if every else np.inf
 
@@ -92,4 +94,5 @@ class RunRecord:
                     attrs={"sync": sync, "config_json": self.config})
 
     def write_summary(self, summary: dict) -> None:
-        write_summary(self.run_dir, summary)
+        """``summary.json``, with the run's identity (its id, and what it was made from)."""
+        write_summary(self.run_dir, {**summary, **identity_keys(self.identity)})

@@ -35,6 +35,21 @@ def ascii_digits(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
+def integer(text: str) -> int:
+    """An option's whole number, of ASCII digits with an optional sign (``int`` takes ``'٣'`` as 3):
+    an argparse ``type``."""
+    if not (text.isascii() and re.fullmatch(r"\s*[-+]?\d+\s*", text)):
+        raise ValueError(text)
+    return int(text)
+
+
+def number(text: str) -> float:
+    """An option's number, written in ASCII (``float`` takes ``'٥'`` as 5.0): an argparse ``type``."""
+    if not text.isascii():
+        raise ValueError(text)
+    return float(text)
+
+
 def path_label(name: str) -> str:
     """`name` (a job's ``name``: a label) as a part of a file name: letters, digits, ``.``, ``_`` and
     ``-`` kept, any run of other characters (``/``, NUL, spaces, non-ASCII) one ``_``, at most

@@ -80,7 +80,7 @@ def test_a_resumed_job_may_change_only_how_long_it_runs(tmp_path):
     assert job.optim.lr == 0.1 and ckpt.version == 7
     job, _ = resume_job(tmp_path, None, ["stop.iterations=500", "checkpoint.every_seconds=60"])
     assert (job.stop.iterations, job.checkpoint.every_seconds, job.optim.lr) == (500, 60.0, 0.1)
-    with pytest.raises(UsageError, match=r"differs from the checkpoint's in optim\.lr, sync\.model"):
+    with pytest.raises(UsageError, match=r"the job differs from the run's in optim\.lr, sync\.model"):
         resume_job(tmp_path, None, ["optim.lr=0.2", "sync.model=asp"])
 
 
@@ -247,7 +247,7 @@ def test_every_sync_model_resumes_after_kill_9_and_trains_as_far(model, tmp_path
 
 @pytest.mark.parametrize("case, message", [
     ("no checkpoint", "no checkpoint.h5"),
-    ("changed job", "differs from the checkpoint's in optim.lr"),
+    ("changed job", "the job differs from the run's in optim.lr"),
     ("other world size", "the run had 2 workers, this launch has 3"),
 ])
 def test_resume_refuses_what_it_cannot_continue(case, message, tmp_path):

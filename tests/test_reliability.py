@@ -125,6 +125,16 @@ def test_a_rank_that_hangs_or_fails_in_its_set_up_ends_the_job_and_is_named(faul
     assert message in p.stderr, p.stderr[-3000:]
 
 
+def test_a_rank_that_fails_in_its_set_up_is_named_at_once_not_after_the_set_up_timeout(tmp_path):
+    """Each rank sends its set-up outcome to rank 0 when its set-up ends: a worker that fails is named
+    as soon as rank 0 has set up, not runtime.setup_timeout_s later with the workers blamed for silence."""
+    started = time.monotonic()
+    p = train(3, tmp_path / "run", "stop.iterations=20", "runtime.setup_timeout_s=600",
+              extra_env={"EBSP_INJECT_FAULT": "2:setup"}, timeout=120)
+    assert p.returncode == 1 and "ebsp_mpi: error on rank 2 (worker 1): RuntimeError: fault injected" in p.stderr
+    assert time.monotonic() - started < 60 and "had not finished setting up" not in p.stderr
+
+
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the rank's process through /proc")
 @pytest.mark.parametrize("rank, sig, cleanup, named", [
     (0, signal.SIGSTOP, False, "the server (rank 0) sent nothing for"),

@@ -16,6 +16,7 @@ import pytest
 
 from ebsp_mpi.checkpoint import CHECKPOINT_FILE, LAST_LOSS, TOTALS, Checkpoint, read_checkpoint, write_checkpoint
 from ebsp_mpi.cli import _resumed_job, work_left
+from ebsp_mpi import identity
 from ebsp_mpi.config import load_job, to_dict
 from ebsp_mpi.errors import UsageError
 from ebsp_mpi.outputs import read_model, write_model
@@ -30,7 +31,8 @@ def checkpoint_of(overrides=(), workers=2, iterations=(7, 6), run_seconds=1.5, p
                       run_seconds=run_seconds, iterations=np.array(iterations[:workers]),
                       totals={**{name: np.full(workers, 0.25) for name in TOTALS}, LAST_LOSS: np.full(workers, 0.5)},
                       policy={"name": "bsp", "done": list(iterations[:workers]), "barriers": 6},
-                      evals=[(1.0, 5, 0.3, 0.9)], config=to_dict(job))
+                      evals=[(1.0, 5, 0.3, 0.9)], config=to_dict(job),
+                      identity=identity.current(to_dict(job), run_id="run-a").as_dict())
 
 
 def zero_bytes_of(path: Path, dataset: str, count: int = 20_000, skip: int = 1000) -> None:
@@ -92,10 +94,10 @@ def test_a_launch_of_the_wrong_size_names_the_world_size_with_the_runs_servers(t
     """A run of 2 servers and 2 workers had world size 4, not 3 (the workers plus one)."""
     # no traces here: a run that wrote none (a resumed run checks the traces it would append to)
     write_checkpoint(tmp_path, checkpoint_of(["runtime.servers=2", "trace.enabled=false"], workers=2))
-    args = argparse.Namespace(resume=str(tmp_path), out=None, job=None, overrides=[])
+    args = argparse.Namespace(resume=str(tmp_path), out=None, job=None, overrides=[], accept_mismatch=None)
     with pytest.raises(UsageError, match=r"the run had 2 workers, this launch has 3; .*world size 4 under MPI"):
         _resumed_job(args, 5)
-    job, workers, plan = _resumed_job(args, 4)
+    job, workers, plan, _ = _resumed_job(args, 4)
     assert workers == 2 and job.runtime.servers == 2 and plan is None
 
 
@@ -104,7 +106,7 @@ def test_a_launch_of_the_wrong_size_is_named_before_the_jobs_per_worker_keys(tmp
     straggler.slowdown has the wrong length for the launch's workers."""
     overrides = ["straggler.slowdown=[1,1,1,3]", "trace.enabled=false"]
     write_checkpoint(tmp_path, checkpoint_of(overrides, workers=4, iterations=(7, 6, 7, 6)))
-    args = argparse.Namespace(resume=str(tmp_path), out=None, job=None, overrides=[])
+    args = argparse.Namespace(resume=str(tmp_path), out=None, job=None, overrides=[], accept_mismatch=None)
     with pytest.raises(UsageError, match=r"the run had 4 workers, this launch has 2; .*world size 5 under MPI"):
         _resumed_job(args, 3)
     assert _resumed_job(args, 5)[1] == 4

@@ -109,3 +109,21 @@ def test_a_rank_or_size_in_superscript_digits_is_not_read_as_one():
 def test_a_job_name_becomes_a_label_that_stays_in_its_directory(name, label):
     assert path_label(name) == label
     assert path_label("x" * 300) == "x" * LABEL_CHARS
+
+
+def test_an_options_numbers_are_ascii():
+    """argparse's int and float took '٣' as 3 and '٥' as 5.0 (`simulate --workers ٣` ran 3 workers)."""
+    import argparse
+
+    from ebsp_mpi.safe_text import integer, number
+
+    assert integer(" -12 ") == -12 and number("1e-3") == 0.001
+    for bad in ("٣", "３", "1.5", "", "0x10"):
+        with pytest.raises(ValueError):
+            integer(bad)
+    with pytest.raises(ValueError):
+        number("٥")
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workers", type=integer)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--workers", "٣"])

@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import UsageError
+from ..safe_text import number
 
 #: what to run when pandas or matplotlib is missing
 INSTALL_ANALYSIS = 'pip install -e ".[analysis]"'
@@ -58,7 +59,7 @@ def _add_report(subparsers) -> None:
     p.add_argument("--out", metavar="DIR",
                    help="directory for the tables and figures (default: RUN_OR_SWEEP/report for one directory, "
                         "as a sweep writes its own; ./report for several)")
-    p.add_argument("--window", nargs=2, type=float, metavar=("START", "LENGTH"),
+    p.add_argument("--window", nargs=2, type=number, metavar=("START", "LENGTH"),
                    help="timeline window in seconds (default: a dozen iterations of the slowest worker, "
                         "40%% into the run)")
     p.set_defaults(run=run_report, quiet=False)

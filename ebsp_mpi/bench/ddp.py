@@ -21,6 +21,7 @@ import json
 import os
 import tempfile
 import time
+from ..safe_text import integer
 
 
 def _train(rank: int, workers: int, overrides: list[str], rendezvous: str, result: str) -> None:
@@ -63,7 +64,7 @@ def _train(rank: int, workers: int, overrides: list[str], rendezvous: str, resul
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ebsp_mpi.bench.ddp", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workers", type=int, required=True)
+    parser.add_argument("--workers", type=integer, required=True)
     parser.add_argument("--set", dest="set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
     import torch.multiprocessing as mp

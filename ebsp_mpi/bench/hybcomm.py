@@ -39,6 +39,7 @@ from ..errors import UsageError
 from .ranks import abort_on_failure, idle_barrier, require_ranks, subgroup, world
 from .report import human, record
 from .runjob import gradient_clock, run_job
+from ..safe_text import integer, number
 
 SHAPES = "4096x4096:32,4096x4096:8,256x16:64"
 QUICK_SHAPES = "1024x1024:32,256x16:64"
@@ -238,11 +239,11 @@ def main(argv=None, records: list | None = None) -> int:
                                                        f"comma-separated (default {SHAPES})")
     parser.add_argument("--workers", default="", help="numbers of workers, comma-separated (default 2 .. "
                                                       "min(4, N-1))")
-    parser.add_argument("--iterations", type=int, default=None, help="timed iterations per run (median; "
+    parser.add_argument("--iterations", type=integer, default=None, help="timed iterations per run (median; "
                                                                      "default 24, --quick 12)")
-    parser.add_argument("--warmup", type=int, default=None, help="iterations left out first (default 4, "
+    parser.add_argument("--warmup", type=integer, default=None, help="iterations left out first (default 4, "
                                                                  "--quick 3)")
-    parser.add_argument("--margin", type=float, default=0.05,
+    parser.add_argument("--margin", type=number, default=0.05,
                         help="SFB beats PS when its time is below (1 - margin) times PS's (default 0.05: one run "
                              "per case, and runs of the same plan differ by a few percent)")
     parser.add_argument("--quick", action="store_true", help=f"a smaller run: shapes {QUICK_SHAPES}, "

@@ -25,6 +25,7 @@ import numpy as np
 
 from .ranks import abort_on_failure, idle_barrier, require_ranks, subgroup, world
 from .report import human, median_seconds, parse_sizes, record, size_label
+from ..safe_text import integer
 
 SIZES = "4K,16K,64K,256K,1M,4M,16M,64M"
 PING_TAG = 11
@@ -105,8 +106,8 @@ def print_sizes(found: list[dict]) -> None:
 def main(argv=None, records: list | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ebsp_mpi bench mpi", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default=SIZES, help=f"message sizes in bytes, K/M suffixes (default {SIZES})")
-    parser.add_argument("--reps", type=int, default=30, help="timed round trips per size (median)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed round trips first")
+    parser.add_argument("--reps", type=integer, default=30, help="timed round trips per size (median)")
+    parser.add_argument("--warmup", type=integer, default=3, help="untimed round trips first")
     args = parser.parse_args(argv)
     require_ranks("mpi", 2)
     sizes = parse_sizes(args.sizes)

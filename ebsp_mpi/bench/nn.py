@@ -38,6 +38,7 @@ from ebsp_mpi.backend import BackendError, resolve_backend
 from ebsp_mpi.errors import UsageError
 from ebsp_mpi.bench.report import record
 from ebsp_mpi.nn import SGD, Conv2D, Dense, MaxPool2D, ParamSpace
+from ..safe_text import integer
 
 DENSE = ((64, 784, 1024), (64, 1024, 1024), (64, 4096, 1000))          # batch, in, out
 CONV = ((32, 3, 32, 32), (32, 32, 64, 16), (32, 64, 64, 8))            # batch, C, O, H=W; 3x3, pad 1
@@ -178,10 +179,10 @@ def _parse(argv):
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cpu: NumPy against PyTorch on the CPU; cuda: CuPy against PyTorch on "
                              "the same GPU (default cpu)")
-    parser.add_argument("--reps", type=int, default=20, help="timed repetitions per case (median)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed repetitions first")
-    parser.add_argument("--threads", type=int, default=1, help="BLAS and PyTorch threads")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--reps", type=integer, default=20, help="timed repetitions per case (median)")
+    parser.add_argument("--warmup", type=integer, default=3, help="untimed repetitions first")
+    parser.add_argument("--threads", type=integer, default=1, help="BLAS and PyTorch threads")
+    parser.add_argument("--seed", type=integer, default=0)
     parser.add_argument("--no-sgd", action="store_true", help="skip the SGD step comparison")
     parser.add_argument("--check", action="store_true",
                         help="exit with status 1 when a Dense or Conv2D case misses its target")

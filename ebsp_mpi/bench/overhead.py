@@ -28,6 +28,7 @@ import numpy as np
 from .ranks import abort_on_failure, idle_barrier, require_ranks, subgroup, world
 from .report import human, print_table, record
 from .runjob import breakdown, gradient_clock, run_job
+from ..safe_text import integer
 
 JOB = ["data.name=synthetic", "data.synthetic_features=784", "data.synthetic_samples=10000",
        "model.kind=mlp", "model.hidden=[1024,256]", "data.batch_size=64", "sync.model=bsp",
@@ -133,9 +134,9 @@ def _batch(overrides: list[str]) -> int:
 def main(argv=None, records: list | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ebsp_mpi bench overhead",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--iterations", type=int, default=200, help="timed iterations per run (median)")
-    parser.add_argument("--warmup", type=int, default=20, help="iterations left out first")
-    parser.add_argument("--reps", type=int, default=5, help="runs of each trainer, alternately (median)")
+    parser.add_argument("--iterations", type=integer, default=200, help="timed iterations per run (median)")
+    parser.add_argument("--warmup", type=integer, default=20, help="iterations left out first")
+    parser.add_argument("--reps", type=integer, default=5, help="runs of each trainer, alternately (median)")
     parser.add_argument("--traces", choices=("both", "on", "off"), default="both",
                         help="MPI runs with traces on, off, or both (default)")
     parser.add_argument("--set", dest="set", action="append", default=[], metavar="KEY=VALUE",

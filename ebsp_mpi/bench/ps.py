@@ -45,6 +45,7 @@ from ..sync.registry import POLICIES
 from .ranks import abort_on_failure, idle_barrier, require_ranks, subgroup, world
 from .report import alternate, human, parse_sizes, print_table, record
 from .runjob import breakdown, run_job
+from ..safe_text import integer
 
 SIZES = "1e4,1e5,1e6,1e7"
 #: the synthetic model: FEATURES inputs, one hidden layer, CLASSES outputs, so
@@ -450,9 +451,9 @@ def _parser() -> argparse.ArgumentParser:
                                                        f"(default {SIZES})")
     parser.add_argument("--workers", default="", help="numbers of workers at once, comma-separated "
                                                       "(default 1 .. N-1)")
-    parser.add_argument("--iterations", type=int, default=40, help="timed iterations per case (median)")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed iterations first")
-    parser.add_argument("--reps", type=int, default=15, help="timed repetitions of each update (median)")
+    parser.add_argument("--iterations", type=integer, default=40, help="timed iterations per case (median)")
+    parser.add_argument("--warmup", type=integer, default=5, help="untimed iterations first")
+    parser.add_argument("--reps", type=integer, default=15, help="timed repetitions of each update (median)")
     parser.add_argument("--sync", default="bsp", choices=POLICIES, help="the server's sync model (default bsp)")
     parser.add_argument("--no-trace", action="store_true", help="run the server and workers without traces")
     parser.add_argument("--set", dest="set", action="append", default=[], metavar="KEY=VALUE",

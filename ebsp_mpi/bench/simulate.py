@@ -26,6 +26,7 @@ from ebsp_mpi.bench.report import record
 from ebsp_mpi.config import SyncConfig
 from ebsp_mpi.sync.registry import make_policy
 from ebsp_mpi.sync.simulate import simulate
+from ..safe_text import integer
 
 #: (label, [sync] section) of each policy timed
 POLICIES = (
@@ -76,15 +77,15 @@ def main(argv=None, records: list | None = None) -> int:
     """Run every policy once and the bare loop once; with `records`, append each policy's seconds
     against the bare loop's (:mod:`ebsp_mpi.bench.report`)."""
     parser = argparse.ArgumentParser(prog="python -m ebsp_mpi bench simulate", description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, default=1024)
-    parser.add_argument("--iterations", type=int, default=10_000, help="pushes per worker")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=integer, default=1024)
+    parser.add_argument("--iterations", type=integer, default=10_000, help="pushes per worker")
+    parser.add_argument("--seed", type=integer, default=0)
     parser.add_argument("--policies", default=",".join(label.split("(")[0] for label, _ in POLICIES),
                         help="comma-separated models to time (default: all)")
     parser.add_argument("--train", action="store_true",
                         help="emulated training (simulate --train) against a bare loop of the same gradients "
                              "and steps (bench.emulate; give e.g. --iterations 50)")
-    parser.add_argument("--reps", type=int, default=3,
+    parser.add_argument("--reps", type=integer, default=3,
                         help="with --train: pairs of runs (bare loop, emulation) per policy; medians (default 3)")
     args = parser.parse_args(argv)
     wanted = args.policies.split(",")

@@ -41,6 +41,7 @@ import numpy as np
 from ..errors import UsageError
 from ..helptext import plain
 from .report import print_table, record
+from ..safe_text import integer, number
 
 UNIT = "samples/s"
 SIZES = {
@@ -195,15 +196,15 @@ def measure(args, mpiexec: list[str], with_torch: bool, images: Path | None) -> 
 
 def main(argv=None, records: list | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ebsp_mpi bench train", description=plain(__doc__.split("\n\n")[0]))
-    parser.add_argument("--workers", type=int, default=4, help="workers (the MPI run has one rank more)")
-    parser.add_argument("--reps", type=int, default=3, help="runs of each trainer, alternately (median)")
+    parser.add_argument("--workers", type=integer, default=4, help="workers (the MPI run has one rank more)")
+    parser.add_argument("--reps", type=integer, default=3, help="runs of each trainer, alternately (median)")
     parser.add_argument("--sizes", default="small,large", help="comma-separated: small, large, cnn")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: our runs on CuPy, PyTorch's loop on the same GPU (default cpu)")
     parser.add_argument("--models", default="bsp,asp", help="comma-separated sync models")
     parser.add_argument("--no-ddp", action="store_true",
                         help="leave PyTorch (DDP, or its loop on the GPU) out even where torch imports")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds one run may take")
+    parser.add_argument("--timeout", type=number, default=300.0, help="seconds one run may take")
     parser.add_argument("--mpiexec", help="the launcher (default: as the sweeps find it)")
     parser.add_argument("--set", dest="set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a key of every run's job")

@@ -25,6 +25,7 @@ import numpy as np
 
 from ebsp_mpi.bench.report import record
 from ebsp_mpi.sync.zipline import zipline, zipline_brute, zipline_heap, zipline_robust, zipline_robust_brute
+from ..safe_text import integer, number
 
 SIZES = ((4, 15), (4, 150), (64, 15), (64, 150), (1000, 15), (1000, 150))
 
@@ -55,11 +56,11 @@ def main(argv=None, records: list | None = None) -> int:
     """Run the comparison; with `records` (a list), append to it per instance ZipLine's median
     seconds against the heap scan's and, where run, brute force's (:mod:`ebsp_mpi.bench.report`)."""
     parser = argparse.ArgumentParser(prog="python -m ebsp_mpi bench zipline", description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=7, help="timed repetitions per cell (median)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--brute-limit", type=float, default=2e5,
+    parser.add_argument("--reps", type=integer, default=7, help="timed repetitions per cell (median)")
+    parser.add_argument("--seed", type=integer, default=0)
+    parser.add_argument("--brute-limit", type=number, default=2e5,
                         help="run brute force only where R**n is at most this")
-    parser.add_argument("--z", type=float, default=2.0, help="robust ZipLine's z")
+    parser.add_argument("--z", type=number, default=2.0, help="robust ZipLine's z")
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)
 

@@ -146,6 +146,8 @@ class Context:
     factor_comm: MPI.Comm | None = None  # a second duplicate: sufficient factors (comm.hybrid) travel on it
     fetch_comm: MPI.Comm | None = None  # a third: OSDP's on-demand fetches (protocol.FETCH_TAG) travel on it
     servers: int = 1
+    #: the run's identity (``ebsp_mpi.identity.Identity``), the same on every rank: its traces carry it
+    identity: object = None
 
     @property
     def workers(self) -> int:
@@ -359,9 +361,11 @@ def _sleep_until(request) -> None:
 def open_rank_trace(ctx: Context, job, run_dir, *, role: str, backend: str, device: str, append: bool = False):
     """This rank's trace file in `run_dir`, with the root attributes every rank writes (docs/design.md,
     "Run outputs"): run id, rank, role, world size, host, pid, backend, device, MPI library, package
-    version, the resolved job and the clock offset to rank 0. With `append` (a resumed run), the
-    rank's file is continued."""
-    attrs = dict(run_id=run_dir.name, rank=ctx.rank, role=role, world_size=ctx.size, host=ctx.host, pid=os.getpid(),
+    version, the resolved job and the clock offset to rank 0, and the run's identity
+    (``ebsp_mpi.identity``). With `append` (a resumed run), the rank's file is continued."""
+    identity = ctx.identity.as_dict() if ctx.identity is not None else {"run_id": run_dir.name}
+    attrs = dict(run_id=identity["run_id"], identity=identity, rank=ctx.rank, role=role, world_size=ctx.size,
+                 host=ctx.host, pid=os.getpid(),
                  backend=backend, device=device, mpi_library=mpi_library(), package_version=__version__,
                  config=to_dict(job), clock_offset_s=ctx.clock_offset)
     return open_trace(run_dir, ctx.rank, attrs, enabled=job.trace.enabled, flush_seconds=job.trace.flush_seconds,

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..build import FROM_JOB
 from ..checkpoint import Checkpoint, read_checkpoint
-from ..config import JobConfig
+from ..config import JobConfig, to_dict
 from ..errors import OutputError, UsageError
 from ..outputs import describe_run, make_run_dir, remove_if_unused, training_failed
 from ..run_description import describe, read_osdp_plan
@@ -41,17 +41,19 @@ log = logging.getLogger(__name__)
 
 
 def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True, resume: bool = False,
-            plan=FROM_JOB) -> int:
+            plan=FROM_JOB, identity=None) -> int:
     """Run this rank's part of the job; returns the process exit code. With `resume`, `out` is the run
     directory of a run to continue from its checkpoint. `plan`: the job's OSDP plan as already read
-    (``run_description.read_osdp_plan``), by default read here."""
+    (``run_description.read_osdp_plan``), by default read here. `identity`: what the run is made from
+    (``ebsp_mpi.identity``; a resumed run's checked against its checkpoint, with its run id), by
+    default worked out here; a new run's id is rank 0's, shared with every rank."""
     ctx = _start(job)
     role, error, resumed_at, run_dir = None, None, 0.0, None
     try:
-        run_dir, ckpt = _run_dir(ctx, job, out, resume)
+        run_dir, ckpt, ctx.identity = _run_dir(ctx, job, out, resume, identity)
         if ckpt is not None:
             resumed_at = ckpt.run_seconds
-        role = make_role(ctx, job, run_dir, ckpt, show_progress, plan=plan)
+        role = make_role(ctx, job, run_dir, ckpt, show_progress, plan=plan, identity=ctx.identity)
         fault = fault_for(ctx.rank, ctx.size)  # EBSP_INJECT_FAULT, to test the failure paths
         if fault is not None and fault.due("setup"):
             fault.fire("set-up")
@@ -161,7 +163,7 @@ def _share_codes(ctx, code: int, codes: np.ndarray, timeout_s: float) -> None:
 
 
 def make_role(ctx, job: JobConfig, run_dir: Path, ckpt: Checkpoint | None = None, show_progress: bool = True,
-              worker_class=None, plan=FROM_JOB):
+              worker_class=None, plan=FROM_JOB, identity=None):
     """This rank's part of the job, ready to ``run()``: rank 0 the server and scheduler, ranks
     1..k-1 the other servers (``runtime.servers = k``), the rest workers (`worker_class`, default
     ``Worker``: a benchmark may pass its own). With `ckpt`, each continues from the checkpoint.
@@ -170,7 +172,7 @@ def make_role(ctx, job: JobConfig, run_dir: Path, ckpt: Checkpoint | None = None
     its OSDP plan as the command line read it (``read_osdp_plan``), by default read here."""
     if plan is FROM_JOB:
         plan = read_osdp_plan(job)
-    description = describe(job, ctx.workers, plan)
+    description = describe(job, ctx.workers, plan, identity)
     if ctx.rank == 0:
         from .server import Server
 
@@ -185,20 +187,27 @@ def make_role(ctx, job: JobConfig, run_dir: Path, ckpt: Checkpoint | None = None
     return (worker_class or Worker)(ctx, description, run_dir, start_iteration=start)
 
 
-def _run_dir(ctx, job: JobConfig, out: str | None, resume: bool) -> tuple[Path, Checkpoint | None]:
+def _run_dir(ctx, job: JobConfig, out: str | None, resume: bool, identity=None):
     """Rank 0 creates the run directory (refusing a non-empty or unwritable one), or with `resume`
-    takes the existing one and reads its checkpoint; every rank learns the path and the checkpoint's
-    clock and counts (rank 0 keeps its arrays), or the reason there is none (so that no rank waits for
-    a path that never comes)."""
+    takes the existing one and reads its checkpoint; every rank learns the path, the checkpoint's
+    clock and counts (rank 0 keeps its arrays) and the run's identity (a new run's id made here), or
+    the reason there is none (so that no rank waits for a path that never comes). Returns ``(path,
+    checkpoint or None, identity)``."""
+    from .. import identity as ids
+
     path, error, ckpt = None, None, None
     if ctx.rank == 0:
         try:
             path = str(make_run_dir(out, job.name, resume=resume))
             ckpt = read_checkpoint(path) if resume else None
+            if identity is None:
+                identity = ids.current(to_dict(job))
+            if identity.run_id is None:
+                identity = dataclasses.replace(identity, run_id=ids.new_run_id())
         except (FileExistsError, UsageError) as e:
             error = str(e)
     meta = None if ckpt is None else dataclasses.replace(ckpt, params=None, velocity=None)
-    path, error, meta = ctx.comm.bcast((path, error, meta), root=0)
+    path, error, meta, identity = ctx.comm.bcast((path, error, meta, identity), root=0)
     if error:
         raise UsageError(error)
-    return Path(path), (ckpt if ctx.rank == 0 else meta)
+    return Path(path), (ckpt if ctx.rank == 0 else meta), identity

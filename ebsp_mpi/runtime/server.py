@@ -149,7 +149,9 @@ class Server:
         coordinator, head = self.coordinator, self.store.headers[w]
         iteration, version_used = coordinator.pushes[w], int(head[PUSH.version])
         version_before = coordinator.version
-        rejected = self.store.rejected(w, iteration)
+        # NaN or Inf in the gradient (the worker's check), or with one server in the delay-compensated step
+        rejected = self.store.rejected(w, iteration) or \
+            (self.ctx.servers == 1 and not self.store.corrected_step_finite(w))
         self.recorder.pushed(w, head)
         self.pull_requested[w] = t
         self.trace.append("pushes", worker=w, iteration=iteration, t=t, version_before=version_before,
@@ -177,7 +179,7 @@ class Server:
             elif isinstance(action, Record):
                 self.trace.append(action.table, **action.row)
             elif isinstance(action, Reject):
-                log.warning("rejected push %d of rank %d: NaN or Inf in the gradient", action.iteration,
+                log.warning("rejected push %d of rank %d: NaN or Inf in the gradient or its step", action.iteration,
                             self.ctx.worker_rank(action.worker))
 
     def _apply_round(self, round_: Round, t: float) -> None:

@@ -24,8 +24,10 @@ from mpi4py import MPI
 from .. import build
 from ..nn.average import round_mean
 from ..nn.factors import rebuild_gradient
+from ..nn.kernels import all_finite
 from ..nn.staleness import StalenessRule
 from ..nn.versions import VersionStore
+from .comm import JobFailure
 from .hybrid import PS, SFB, ByteCounter, Stacked
 from .protocol import CHUNK_TAG0, PULL_TAG, PUSH, PUSH_FIELDS, PUSH_TAG, ProtocolError, Shard, header
 
@@ -117,6 +119,7 @@ class ShardStore:
             if self.rule.needs_pulled_weights and not self.round_based else None
         self.held_by: list[int | None] = [None] * self.n  # the local version each worker computes on
         self.dc_buf = np.empty_like(self.shard_view) if self.versions is not None else None
+        self.dc_ready: tuple[int, int] | None = None  # (worker, local version) whose step dc_buf holds, checked
 
     def _make_receives(self, ctx, pushed) -> None:
         """One gradient buffer and header per worker, with persistent receives for every part of a push
@@ -182,19 +185,57 @@ class ShardStore:
                                 f"expected {iteration}")
         return not head[PUSH.finite]
 
-    def apply(self, w: int, version: int) -> None:
-        """Apply `w`'s push as one optimizer step, at the learning rate of `version`."""
-        self._shard_changes()
+    def corrected_step_finite(self, w: int) -> bool:
+        """Under ``optim.staleness = dc``, whether `w`'s delay-compensated step on this shard, worked
+        out on the weights as they are now, is finite (True under any other rule: the header's check
+        is the step's). A push is never applied with a step that is not finite: rank 0 rejects it,
+        as one whose gradient is not finite. The step is kept for :meth:`apply` while the weights
+        stay as they are (an asynchronous push is applied in the event it arrives in)."""
+        if self.versions is None:
+            return True
+        step = self._corrected_step(w)
+        self.dc_ready = (w, self.versions.version) if step is self.dc_buf else None
+        return bool(all_finite(step))
+
+    def _corrected_step(self, w: int):
+        grad = self._gradient(w)[self.lo:self.hi]
+        with np.errstate(over="ignore", invalid="ignore"):  # a step that overflows is checked, not warned of
+            return self.rule.gradient(grad, self.shard_view, self.versions.of(self.held_by[w]), self.dc_buf)
+
+    def _gradient(self, w: int) -> np.ndarray:
+        """`w`'s pushed gradient, its SFB layers rebuilt from their factors (Project Adam's factor push)."""
         grad = self.grads[w]
-        for a in self.sfb:  # its factors, as the gradient they stand for (Project Adam's factor push)
+        for a in self.sfb:
             rows = self.factors.rows(w)
             rebuild_gradient(self.factors.V[a.name][rows], self.factors.U[a.name][rows],
                              grad[a.params].reshape(a.d_in, a.d_out))
+        return grad
+
+    def apply(self, w: int, version: int) -> None:
+        """Apply `w`'s push as one optimizer step, at the learning rate of `version`.
+
+        Raises
+        ------
+        JobFailure
+            Under ``optim.staleness = dc``, a corrected step that is not finite where no check could
+            reject it (a shard of a run with several servers, each of which sees only its own part):
+            the run stops in one line rather than apply it.
+        """
+        self._shard_changes()
         lo, hi = self.lo, self.hi
         used = int(self.headers[w][PUSH.version])  # the version the gradient was computed on
-        lr, step = self.rule.lr(self.lr_at(version), version - used + 1), grad[lo:hi]
-        if self.versions is not None:
-            step = self.rule.gradient(step, self.shard_view, self.versions.of(self.held_by[w]), self.dc_buf)
+        lr = self.rule.lr(self.lr_at(version), version - used + 1)
+        if self.versions is None:
+            step = self._gradient(w)[lo:hi]
+        else:
+            checked, self.dc_ready = self.dc_ready == (w, self.versions.version), None
+            step = self.dc_buf if checked else self._corrected_step(w)
+            if not checked and not all_finite(step):
+                iteration = int(self.headers[w][PUSH.iteration])
+                raise JobFailure(f"the delay-compensated step of worker {w}'s push {iteration} is not finite on "
+                                 f"server rank {self.ctx.rank}'s shard (optim.dc_lambda = {self.rule.dc_lambda:g}), "
+                                 f"where no check could reject it: the training diverged; lower optim.dc_lambda or "
+                                 f"optim.lr")
             self.versions.changing(self.versions.version + 1)
         self.opt.step(self.shard_view, step, lr, offset=lo)
 

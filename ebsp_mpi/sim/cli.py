@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..helptext import plain
+from ..safe_text import integer
 
 
 def add_parser(subparsers) -> None:
@@ -34,14 +35,18 @@ def add_parser(subparsers) -> None:
                    help="job file (default: the replayed run's job with --replay, else the embedded default)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a job key, as for train (repeatable)")
-    p.add_argument("--workers", "-n", type=int, metavar="N",
+    p.add_argument("--workers", "-n", type=integer, metavar="N",
                    help="virtual workers (default: sync.workers, or the replayed run's)")
-    p.add_argument("--iterations", type=int, metavar="K", help="pushes per worker (default: stop.iterations)")
+    p.add_argument("--iterations", type=integer, metavar="K", help="pushes per worker (default: stop.iterations)")
     p.add_argument("--replay", metavar="RUN_DIR", help="replay the iteration times recorded in this run's traces")
     p.add_argument("--train", action="store_true",
                    help="real weights: every virtual worker computes its gradients on the version it was "
                         "released with, applied by the server's optimizer (with --replay of a run under its "
                         "own sync model: its pushes in their recorded order)")
+    p.add_argument("--accept-mismatch", metavar="PIECE[,PIECE]",
+                   help="with --replay: go on although these pieces of the run's identity differ from what the "
+                        "replay uses: data (the dataset files), code, or all; the replay is then "
+                        "not exact, and its summary says why")
     p.add_argument("--sweep", metavar="FILE", help="simulate every member of a sweep file, then tabulate them")
     p.add_argument("--out", metavar="DIR", help="run directory (default runs/<name>-simulated-<timestamp>)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
@@ -49,6 +54,8 @@ def add_parser(subparsers) -> None:
 
 
 def main(args) -> int:
+    if args.accept_mismatch and not args.replay:
+        raise UsageError("--accept-mismatch goes with --replay RUN_DIR: a new simulation has nothing to differ from")
     if args.sweep:
         if args.job or args.replay or args.overrides or args.workers is not None or args.iterations is not None:
             raise UsageError("simulate --sweep FILE: the sweep file names the jobs; give no JOB, --set, --workers, "
@@ -65,6 +72,12 @@ def main(args) -> int:
     if args.iterations is not None and args.iterations < 1:
         raise UsageError(f"--iterations {args.iterations}: needs at least 1")
     job = _job(args)
+    provenance = None
+    if args.replay:  # before its traces are read, and before the run directory: nothing left behind
+        from ..identity import parse_accepted
+        from .provenance import check_replay
+
+        provenance = check_replay(args.replay, job, train=args.train, accept=parse_accepted(args.accept_mismatch))
     workers = _workers(args, job)
     # the run's job says how it ran (a replay of this run then runs the same)
     job.sync.workers = workers
@@ -77,7 +90,7 @@ def main(args) -> int:
     run_dir = make_run_dir(args.out, f"{job.name}-simulated")
     try:
         summary = simulate_job(job, workers, run_dir, replay=args.replay, iterations=args.iterations,
-                               show_progress=not args.quiet, train=args.train)
+                               show_progress=not args.quiet, train=args.train, provenance=provenance)
     except MemoryError:  # past the estimate of check_workers_fit: the directory, empty when made, is this run's
         release_lock(run_dir)
         shutil.rmtree(run_dir, ignore_errors=True)

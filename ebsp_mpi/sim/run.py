@@ -34,7 +34,8 @@ from .. import __version__
 from ..config import JobConfig, to_dict
 from ..data.memory import exceeds_memory, format_bytes, memory_phrase
 from ..errors import UsageError
-from ..outputs import AccuracyTargets, build_summary, write_model, write_summary
+from .. import identity as ids
+from ..outputs import AccuracyTargets, build_summary, identity_keys, write_model, write_summary
 from ..progress import Progress
 from ..straggler import straggler_model
 from ..sync.registry import make_policy
@@ -148,9 +149,11 @@ def _prepare(job: JobConfig, workers: int, replay, iterations: int | None, train
 
 
 def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, iterations: int | None = None,
-                 show_progress: bool = True, train: bool = False) -> dict:
+                 show_progress: bool = True, train: bool = False, provenance=None) -> dict:
     """Simulate `job` with `workers` virtual workers into `run_dir`; returns the summary (also written).
     With `train`, real weights (``sim.training``): the run has a model, evaluations and ``model.h5``.
+    `provenance`: for a replay, what ``sim.provenance.check_replay`` found (the mismatches accepted,
+    the reasons the replay is not exact); checked here when not given.
 
     Raises
     ------
@@ -159,6 +162,11 @@ def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, it
         does not fit `workers`, a replay directory that is not a run (or, with `train`, limits past its
         recording), or a job with no iteration or time limit (:func:`check_simulation`).
     """
+    if replay is not None and provenance is None:
+        from .provenance import check_replay
+
+        provenance = check_replay(replay, job, train=train, accept=frozenset())
+    accepted, reasons = provenance or ({}, [])
     job, recorded, trainer, limits, until, source, policy = _prepare(job, workers, replay, iterations, train)
     progress = Progress(sum(limits) if None not in limits else None, unit="push", enabled=show_progress)
     started = time.perf_counter()
@@ -172,12 +180,17 @@ def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, it
     parts = [source.parts(w, result.start[w], result.push[w]) for w in range(workers)]
     iterations, first = _iteration_table(result, parts, ends)
     run_dir.mkdir(parents=True, exist_ok=True)  # the command made it; a caller of this function may not have
+    # what the simulation is made from, its id on every file it writes (no dataset without real weights)
+    identity = ids.current(to_dict(job), run_id=ids.new_run_id(), accepted=accepted).as_dict()
+    if trainer is None:
+        identity["data"] = None
     if trainer is not None:  # the last evaluations first: the server's trace holds them
         with _diverging_quietly(trainer):
             _finish_training(job, run_dir, trainer, result, policy.name)
     if job.trace.enabled:
         evals = _eval_rows(trainer.evals if trainer is not None else [])
-        _write_traces(job, run_dir, workers, source, result, {**policy_tables, "evals": evals}, iterations, first)
+        _write_traces(job, run_dir, workers, source, result, {**policy_tables, "evals": evals}, iterations, first,
+                      identity)
     summary = _summary(job, policy.name, workers, result, parts, iterations, first, trainer)
     summary["simulation"] = {
         "source": source.source, "replay": None if replay is None else str(replay),
@@ -185,13 +198,28 @@ def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, it
         "seconds_limit": None if until == math.inf else until,
         "pushes": result.pushes, "simulation_seconds": seconds, "restarts": [r.t for r in restarts],
         "pushes_per_second": result.pushes / seconds if seconds > 0 else None,
-        "exact_replay": recorded is not None,
+        # exact only where the recorded order was replayed, with the job, data and code the run had
+        "exact_replay": recorded is not None and not reasons,
+        "exact_replay_reason": _not_exact(replay, train, recorded, reasons),
+        "recorded_order": recorded is not None,
         **_statistics(result, policy_tables),
     }
     if trainer is not None:
         summary["simulation"]["training"] = trainer.statistics()
+    summary.update(identity_keys(identity))
     write_summary(run_dir, summary)
     return summary
+
+
+def _not_exact(replay, train: bool, recorded, reasons: list[str]) -> str | None:
+    """Why the simulation is not an exact replay of a live run (None: it is one)."""
+    if recorded is not None and not reasons:
+        return None
+    if replay is None or not train:
+        return "not a replay with real weights (--replay RUN --train)"
+    if recorded is None:
+        return "the recorded order of pushes does not fit this job (another sync model or number of workers)"
+    return "; ".join(reasons)
 
 
 def _diverging_quietly(trainer):
@@ -236,11 +264,12 @@ def _schedule(job: JobConfig, workers: int, source, policy, limits: list, until:
 
 
 def _write_traces(job: JobConfig, run_dir: Path, workers: int, source, result: SimResult,
-                  server_tables: dict[str, np.ndarray], iterations: np.ndarray, first: np.ndarray) -> None:
+                  server_tables: dict[str, np.ndarray], iterations: np.ndarray, first: np.ndarray,
+                  identity: dict) -> None:
     """The server's trace (``pushes``, ``pulls`` and `server_tables`) and the workers' (one file each,
     or shared files past WORKER_FILES_MAX); `iterations` holds every worker's rows, worker w's from
     ``first[w]`` to ``first[w + 1]``."""
-    attrs = _attrs(job, run_dir, workers, source)
+    attrs = _attrs(job, identity, workers, source)
     _write_rank(run_dir, 0, encode_attrs({**attrs, "role": "server", "rank": 0}), {
         "pushes": _push_rows(result), "pulls": _pull_rows(result), **server_tables})
     if workers <= WORKER_FILES_MAX:
@@ -427,8 +456,9 @@ def _record_rows(records) -> dict[str, np.ndarray]:
 # -- the files ---------------------------------------------------------------------------------------
 
 
-def _attrs(job: JobConfig, run_dir: Path, workers: int, source) -> dict:
-    return dict(run_id=run_dir.name, world_size=workers + 1, host=socket.gethostname(), pid=os.getpid(),
+def _attrs(job: JobConfig, identity: dict, workers: int, source) -> dict:
+    return dict(run_id=identity["run_id"], identity=identity, world_size=workers + 1, host=socket.gethostname(),
+                pid=os.getpid(),
                 backend="simulated", device="virtual", mpi_library="", package_version=__version__,
                 config=to_dict(job), clock_offset_s=0.0, simulated=True, simulation_source=source.source)
 

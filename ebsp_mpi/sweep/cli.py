@@ -13,6 +13,7 @@ from ..safe_text import ascii_digits
 from .runner import default_out, plan, run_sweep, write_comparison, write_figures
 from .sbatch import render_sbatch
 from .spec import SweepError, check_members, load_sweep, resolve_ranks
+from ..safe_text import integer
 
 #: what ``sweep --help`` says the command does (the module's docstring speaks to a reader of the code)
 DESCRIPTION = ("Run every member of a sweep file (a base job and [[member]] override sets, repeated over its "
@@ -26,7 +27,7 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("sweep", help="run every member of a sweep file with mpiexec, then compare them",
                               description=DESCRIPTION)
     p.add_argument("file", metavar="FILE", help="sweep file, e.g. jobs/sweeps/stragglers.toml")
-    p.add_argument("-n", dest="ranks", type=int, metavar="N",
+    p.add_argument("-n", dest="ranks", type=integer, metavar="N",
                    help="MPI ranks per member: the server and N-1 workers (default: ranks in FILE)")
     p.add_argument("--out", metavar="DIR", help="sweep directory (default runs/sweep-<name>-<timestamp>)")
     p.add_argument("--dry-run", action="store_true", help="print the members' commands and exit")
@@ -35,7 +36,7 @@ def add_parser(subparsers) -> None:
                         "this Python, else mpiexec on PATH)")
     p.add_argument("--wrapper", metavar="CMD", default="",
                    help="command every rank runs Python under, e.g. slurm/gpu-bind.sh")
-    p.add_argument("--member", type=int, metavar="K",
+    p.add_argument("--member", type=integer, metavar="K",
                    help="run only member K (0-based; a Slurm array task), without the comparison")
     p.add_argument("--seeds", type=_seed_list, metavar="LIST",
                    help="run over these seeds instead of the file's, e.g. 3-9 or 0,2,4")

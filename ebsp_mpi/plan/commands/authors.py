@@ -8,16 +8,17 @@ no layer of this project's models; it is a test vector for OSDP's idea, on the a
 from __future__ import annotations
 
 import json
+from ...safe_text import integer
 
 
 def add_arguments(p) -> None:
     """The options of the authors' problem, on the ``plan`` parser (``--osdp-profile`` chooses it)."""
     authors = p.add_argument_group("the OSDP authors' problem")
     authors.add_argument("--osdp-profile", metavar="FILE", help="the authors' profile (gpt_block_profile.json)")
-    authors.add_argument("--blocks", type=int, metavar="B", help="transformer blocks")
-    authors.add_argument("--hidden", type=int, metavar="H", help="hidden size (one of the profile's)")
-    authors.add_argument("--memory-mb", type=int, metavar="L", help="device memory in MB")
-    authors.add_argument("--row", type=int, metavar="R", help="batch row (default: the row of most samples/s)")
+    authors.add_argument("--blocks", type=integer, metavar="B", help="transformer blocks")
+    authors.add_argument("--hidden", type=integer, metavar="H", help="hidden size (one of the profile's)")
+    authors.add_argument("--memory-mb", type=integer, metavar="L", help="device memory in MB")
+    authors.add_argument("--row", type=integer, metavar="R", help="batch row (default: the row of most samples/s)")
     authors.add_argument("--row-batches", metavar="N,N,...",
                          help="batch of each row, for samples/s (default: the row number, as the authors' "
                               "scheduler labels it)")

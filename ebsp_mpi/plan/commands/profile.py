@@ -31,6 +31,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from ...safe_text import integer
 
 DEFAULT_OUT = "osdp-profile.json"
 #: Used when neither --bench nor --latency/--bandwidth is given (and recorded as such).
@@ -58,8 +59,8 @@ def add_profile_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--splits", default="2,4,8", metavar="S,S,...",
                    help="slice counts a split layer may use: profiled, and planned (default 2,4,8; each >= 2; "
                         "empty: no splits)")
-    p.add_argument("--reps", type=int, default=20, help="timed steps per batch size (medians; default 20)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
+    p.add_argument("--reps", type=integer, default=20, help="timed steps per batch size (medians; default 20)")
+    p.add_argument("--warmup", type=integer, default=3, help="untimed steps first (default 3)")
     p.add_argument("--bench", metavar="FILE", help="latency and bandwidth from bench mpi --json FILE")
     p.add_argument("--latency", metavar="SECONDS", help="one-way latency worker <-> server, e.g. 5e-6")
     p.add_argument("--bandwidth", metavar="SIZE/s", help="bandwidth worker <-> server, e.g. 5GB/s or 4GiB/s")
