@@ -132,3 +132,22 @@ def test_the_cache_file_is_the_sets_hdf5_export(package, tmp_path):
     assert exported.input_shape == generated.input_shape == (1, 1, 40) and exported.num_classes == 10
     for key in ("x_train", "y_train", "x_test", "y_test", "mean", "std"):
         numpy.testing.assert_array_equal(getattr(exported, key), getattr(generated, key))
+
+
+def test_the_run_identity_names_the_generated_set(package):
+    # a run made from one generated set must not resume or replay on another: the identity's data
+    # piece is the cache name, which hashes the generator's arguments and version
+    from ebsp_mpi.identity import data_fingerprint
+
+    small = data_fingerprint({"data": {"name": "mnist1d", "samples": 5000}})
+    large = data_fingerprint({"data": {"name": "mnist1d", "samples": 8000}})
+    assert small and large and small != large
+    assert small == data_fingerprint({"data": {"name": "mnist1d", "samples": 5000}})
+    assert next(iter(small)).startswith("mnist1d-5000-")
+
+
+def test_the_run_identity_without_the_extra_says_so(without_extra):
+    from ebsp_mpi.identity import data_fingerprint
+
+    assert data_fingerprint({"data": {"name": "mnist1d", "samples": 5000}}) == {
+        "mnist1d": "generator not installed"}
