@@ -34,8 +34,8 @@
 #      the job fails (srun waits KillWait, 30 s, for the lost step first);
 #   7. a link cut mid-run (ip link set VETH down): under ASP, BSP and ElasticBSP with a worker's node cut,
 #      and under BSP with the node of server 1 and a worker cut, the job ends within runtime.stall_timeout_s + 10 s with a
-#      non-zero exit, its output naming the ranks of that node (under BSP one of them: the worker there
-#      is not named), and the cut node's own ranks end too (MPI_Abort is bounded: runtime/comm.py); the
+#      non-zero exit, its output naming every rank of that node and no other node as lost, and the cut
+#      node's own ranks end too (MPI_Abort is bounded: runtime/comm.py); the
 #      last checkpoint the cut ASP run committed (every second) reads whole, and `train --resume` across
 #      the nodes continues from it to 20 iterations more, every worker's trace holding each iteration once.
 #
@@ -445,8 +445,9 @@ line=$("$PY" "$PROBE" complete "$T/runs/cut-asp" 5 $((done_ + 20)) 4) || fail "c
 say "7. cut-asp --resume from its last checkpoint (a worker at $done_ iterations): ${line#*: } ($(( $(date +%s) - t2 )) s)"
 cut cut-bsp n3 n1,n2,n3,n4 6 all --set sync.model=bsp
 cut cut-elasticbsp n3 n1,n2,n3,n4 6 all --set sync.model=elasticbsp
-# n2 holds server 1 (rank 1) and worker rank 5. The ranks' watchdogs all fire at stall_timeout_s: the
-# first to abort is a worker naming both servers, or server 1 naming rank 0; rank 5 is not named
-cut cut-bsp-server n2 n1,n2,n3,n4 6 any --set sync.model=bsp --set runtime.servers=2
+# n2 holds server 1 (rank 1) and worker rank 5: rank 0 names server 1 silent, and with it every rank of
+# its node (comm.node_note); the workers, kept alive by rank 0 while it waits for server 1's shard, name
+# no other node
+cut cut-bsp-server n2 n1,n2,n3,n4 6 all --set sync.model=bsp --set runtime.servers=2
 say "7. link cuts ($(( $(date +%s) - t )) s)"
 fi

@@ -11,7 +11,7 @@ import socket
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from mpi4py import MPI
@@ -45,7 +45,14 @@ class JobFailure(RuntimeError):
 
 
 class StallError(JobFailure):
-    """A rank that owes this one a message has been silent longer than ``runtime.stall_timeout_s``."""
+    """A rank that owes this one a message has been silent longer than ``runtime.stall_timeout_s``.
+
+    `ranks` are the silent ranks, where the one that raises knows them: :func:`abort` names the other
+    ranks of their nodes too (:func:`node_note`), which a lost node takes with it."""
+
+    def __init__(self, text: str, ranks=()):
+        super().__init__(text)
+        self.ranks = tuple(int(r) for r in ranks)
 
 
 class Silence:
@@ -62,14 +69,16 @@ class Silence:
     keepalive : MPI.Prequest, optional
         A persistent receive of the peer's keep-alive messages (``protocol.ALIVE_TAG``), started: each
         one that arrives counts as a message, and the receive is posted again.
+    ranks : tuple of int or callable
+        The silent ranks (or a function that says them), for :class:`StallError`.
     """
 
     #: a check looks at the clock and the keep-alive at most this often: a waiting rank polls every
     #: 20 - 200 us, and each look costs an MPI call, where the deadline is seconds away
     EVERY_S = 2e-3
 
-    def __init__(self, timeout_s: float, what: str, keepalive=None):
-        self.timeout_s, self.what, self.keepalive = timeout_s, what, keepalive
+    def __init__(self, timeout_s: float, what: str, keepalive=None, ranks=()):
+        self.timeout_s, self.what, self.keepalive, self.ranks = timeout_s, what, keepalive, ranks
         self.next_look = 0.0
         self.heard()
 
@@ -89,23 +98,24 @@ class Silence:
         if silent > self.timeout_s:
             what = self.what() if callable(self.what) else self.what
             raise StallError(f"{what} sent nothing for {silent:.1f} s (runtime.stall_timeout_s = "
-                             f"{self.timeout_s}); it may have died or hung")
+                             f"{self.timeout_s}); it may have died or hung",
+                             self.ranks() if callable(self.ranks) else self.ranks)
 
 
 class Deadline:
     """A fixed deadline on a wait, unlike :class:`Silence` not moved by what arrives (the set-up
     exchange, where each peer sends one message): :meth:`check` raises :class:`StallError` with
-    ``say()``'s text once `timeout_s` have passed since it was made."""
+    ``say()``'s text and ``ranks()``'s silent ranks once `timeout_s` have passed since it was made."""
 
-    def __init__(self, timeout_s: float, say):
-        self.end, self.say = time.monotonic() + timeout_s, say
+    def __init__(self, timeout_s: float, say, ranks=tuple):
+        self.end, self.say, self.ranks = time.monotonic() + timeout_s, say, ranks
 
     def heard(self) -> None:
         pass
 
     def check(self) -> None:
         if time.monotonic() > self.end:
-            raise StallError(self.say())
+            raise StallError(self.say(), self.ranks())
 
 
 @dataclass
@@ -123,6 +133,9 @@ class Context:
         workers 0..size-k-1. Set from the job once it is read (1 until then).
     local_rank : int
         Rank among the processes on this node (picks the GPU).
+    hosts : list of str
+        Every rank's host name, by rank (known once the job has started: ``launch._start``); a rank
+        that stops on a silent peer names the other ranks of that peer's node (:func:`node_note`).
     clock_offset : float
         Seconds to add to this rank's ``perf_counter`` to read rank 0's (measured at start-up).
     t0 : float
@@ -148,6 +161,7 @@ class Context:
     servers: int = 1
     #: the run's identity (``ebsp_mpi.identity.Identity``), the same on every rank: its traces carry it
     identity: object = None
+    hosts: list[str] = field(default_factory=list)
 
     @property
     def workers(self) -> int:
@@ -411,13 +425,14 @@ class Backoff:
         self.delay = min(self.max_s, self.delay * 2)
 
 
-def wait_all(requests, backoff: Backoff, silence: Silence | None = None, on_done=None) -> None:
+def wait_all(requests, backoff: Backoff, silence: Silence | None = None, on_done=None, on_idle=None) -> None:
     """Complete `requests` (a list) by polling with back-off instead of spinning in ``Waitall``.
 
     Each request that completes resets the back-off: the next part of a multi-message push or reply
     is then seen at once, not after the longest sleep. With `silence`, each one also counts as word
     from the peer, and a wait that hears nothing for its timeout raises :class:`StallError`.
-    ``on_done(indices)`` is told which requests completed (to name the peers still silent).
+    ``on_done(indices)`` is told which requests completed (to name the peers still silent);
+    ``on_idle()`` runs between polls that find nothing (a server's keep-alives while it waits).
     """
     backoff.reset()
     while (done := MPI.Request.Testsome(requests)) is not None:  # None: no request left active
@@ -430,6 +445,8 @@ def wait_all(requests, backoff: Backoff, silence: Silence | None = None, on_done
         else:
             if silence is not None:
                 silence.check()
+            if on_idle is not None:
+                on_idle()
             backoff.idle()
 
 
@@ -473,7 +490,8 @@ def abort(ctx: Context | None, exc: BaseException) -> None:
     rank = ctx.rank if ctx is not None else MPI.COMM_WORLD.Get_rank()
     role = ctx.role_of(rank) if ctx is not None else role_name(rank, 1)
     if isinstance(exc, (UsageError, OutputError, KeyboardInterrupt, JobFailure)):
-        text = f"ebsp_mpi: rank {rank} ({role}) stopped: {type(exc).__name__}: {exc}\n"
+        note = node_note(exc.ranks, ctx.hosts, rank, ctx.servers) if isinstance(exc, StallError) and ctx else ""
+        text = f"ebsp_mpi: rank {rank} ({role}) stopped: {type(exc).__name__}: {exc}{note}\n"
     else:
         text = "".join(traceback.format_exception(exc)) + \
             f"ebsp_mpi: rank {rank} ({role}) failed: {type(exc).__name__}: {exc}\n"
@@ -488,3 +506,16 @@ def abort(ctx: Context | None, exc: BaseException) -> None:
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
         signal.alarm(math.ceil(ABORT_BOUND_S))
     MPI.COMM_WORLD.Abort(2 if isinstance(exc, UsageError) else 1)
+
+
+def node_note(silent, hosts: list[str], rank: int, servers: int) -> str:
+    """Every rank on the nodes of the `silent` ranks, for a stall's message: when a node is lost (its
+    link cut, its processes killed), the rank that stops names the one peer it waited for, but every
+    rank of that node is gone with it. Nodes of this `rank`'s own are left out (it runs, so its node is
+    not lost), and so is all of it where `hosts` (every rank's, by rank) is not known."""
+    if not hosts:
+        return ""
+    nodes = sorted({hosts[r] for r in silent if 0 <= r < len(hosts) and hosts[r] != hosts[rank]})
+    parts = [f"{node} runs " + ", ".join(f"rank {r} ({role_name(r, servers)})"
+                                         for r, host in enumerate(hosts) if host == node) for node in nodes]
+    return f"; a lost node takes all its ranks: {'; '.join(parts)}" if parts else ""

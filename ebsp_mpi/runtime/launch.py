@@ -68,12 +68,13 @@ def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True, resume:
     if code:
         return code
     try:
-        mpi.restart_clock(ctx, mpi.Silence(job.runtime.stall_timeout_s, "the server (rank 0)"))
+        mpi.restart_clock(ctx, mpi.Silence(job.runtime.stall_timeout_s, "the server (rank 0)", ranks=(0,)))
         ctx.t0 -= resumed_at  # a resumed run's clock goes on from its checkpoint
         summary = role.run()  # a worker's ends by sending its statistics to the server
         # the ranks part together; a rank that stops answering now is named instead of waited for
         others = "a worker or server" if ctx.rank == 0 else "the server (rank 0)"
-        mpi.wait_collective(ctx, ctx.comm.Ibarrier(), mpi.Silence(job.runtime.stall_timeout_s, others))
+        mpi.wait_collective(ctx, ctx.comm.Ibarrier(), mpi.Silence(job.runtime.stall_timeout_s, others,
+                                                                  ranks=() if ctx.rank == 0 else (0,)))
     except BaseException as e:  # noqa: BLE001 - any failure must take the whole job down
         mpi.abort(ctx, e)
         return 1  # MPI_Abort ends the process; should it come back, this rank has still failed
@@ -103,6 +104,7 @@ def _start(job: JobConfig):
     # a launcher that kills the job when one rank dies may name only its PID: this maps PIDs to ranks;
     # rank 0 watches every rank, the others the servers (see comm.watch_peers)
     procs = ctx.comm.allgather((ctx.host, os.getpid()))
+    ctx.hosts = [host for host, _ in procs]
     mpi.watch_peers(procs if ctx.rank == 0 else procs[:ctx.servers], ctx.servers)
     if ctx.rank == 0:
         log.info("ranks: %s", ", ".join(f"{r} ({ctx.role_of(r)}) pid {pid} on {host}"
@@ -150,7 +152,7 @@ def _share_codes(ctx, code: int, codes: np.ndarray, timeout_s: float) -> None:
                     f"{timeout_s:g}); it may have died or hung")
 
         receives = [ctx.comm.Irecv(codes[r:r + 1], r, SETUP_TAG) for r in ranks]
-        mpi.wait_all(receives, backoff, mpi.Deadline(timeout_s, say), heard_from)
+        mpi.wait_all(receives, backoff, mpi.Deadline(timeout_s, say, lambda: sorted(missing)), heard_from)
         mpi.wait_all([ctx.comm.Ibcast(codes, root=0)], backoff)  # every rank has reported: it waits for this
         return
     mine = np.array([code], np.int32)  # kept until the send completes
@@ -159,7 +161,7 @@ def _share_codes(ctx, code: int, codes: np.ndarray, timeout_s: float) -> None:
     mpi.wait_all([send, outcome], backoff, mpi.Deadline(
         2 * timeout_s, lambda: f"the server (rank 0) gave no set-up outcome {2 * timeout_s:g} s after rank "
                                f"{ctx.rank} had set up (runtime.setup_timeout_s = {timeout_s:g}); it may have "
-                               f"died or hung"))
+                               f"died or hung", lambda: (0,)))
 
 
 def make_role(ctx, job: JobConfig, run_dir: Path, ckpt: Checkpoint | None = None, show_progress: bool = True,

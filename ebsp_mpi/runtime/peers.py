@@ -72,7 +72,7 @@ class PeerServers:
         for s in self.ranks:
             if self.stats[s] is None and now - self.last_heard[s] > self.timeout:
                 raise StallError(f"server rank {s} silent for {now - self.last_heard[s]:.1f} s "
-                                 f"(runtime.stall_timeout_s = {self.timeout}); it may have died or hung")
+                                 f"(runtime.stall_timeout_s = {self.timeout}); it may have died or hung", [s])
 
     def take(self, status: MPI.Status, now: float) -> bool:
         """Take a message a server sent on its own (a keep-alive, or its statistics after the end);
@@ -91,9 +91,10 @@ class PeerServers:
         return True
 
     def gather(self, params: np.ndarray, velocity: np.ndarray | None, whole: np.ndarray,
-               whole_velocity: np.ndarray | None, backoff) -> None:
+               whole_velocity: np.ndarray | None, backoff, on_idle=None) -> None:
         """Fill `whole` (and `whole_velocity`) with every shard as of the orders given so far: rank 0's
-        own from `params` (`velocity`), the others' as they send them."""
+        own from `params` (`velocity`), the others' as they send them; ``on_idle()`` runs between polls
+        that find nothing."""
         lo, hi = self.layout.shards[0].lo, self.layout.shards[0].hi
         np.copyto(whole[lo:hi], params[lo:hi])
         if whole_velocity is not None:
@@ -109,8 +110,9 @@ class PeerServers:
         self.order(SnapshotOrder(whole_velocity is not None))
         self.flush(self.ctx.now())
         arrived: set[int] = set()
-        silence = Silence(self.timeout, lambda: _named(sources, arrived))
-        wait_all(requests, backoff, silence, arrived.update)
+        silence = Silence(self.timeout, lambda: _named(_missing(sources, arrived)),
+                          ranks=lambda: _missing(sources, arrived))
+        wait_all(requests, backoff, silence, arrived.update, on_idle)
         now = self.ctx.now()
         for s in self.ranks:
             self.last_heard[s] = now
@@ -126,7 +128,11 @@ class PeerServers:
         self.alive.wait(backoff)
 
 
-def _named(sources: list[int], arrived: set[int]) -> str:
-    missing = sorted({s for k, s in enumerate(sources) if k not in arrived})
+def _missing(sources: list[int], arrived: set[int]) -> list[int]:
+    """The ranks of `sources` (request k's is ``sources[k]``) whose requests are not in `arrived`."""
+    return sorted({s for k, s in enumerate(sources) if k not in arrived})
+
+
+def _named(missing: list[int]) -> str:
     return "server rank" + ("s " if len(missing) > 1 else " ") + ", ".join(map(str, missing))
 

@@ -185,7 +185,7 @@ class Server:
     def _apply_round(self, round_: Round, t: float) -> None:
         """BSP: the mean of the round's gradients, summed in worker order, as one optimizer step; and
         the round's replies, each chunk sent as soon as it is updated (``ShardStore.apply_round``)."""
-        self.store.settle(self.ctx.backoff(), self._watch_now)
+        self.store.settle(self.ctx.backoff(), self._while_waiting)
         self.peers.order(RoundOrder(round_.members, round_.version))
         self.round_mask[:] = 0.0
         self.round_mask[list(round_.members)] = 1.0  # the workers rebuild the SFB layers' mean from these
@@ -216,7 +216,7 @@ class Server:
         with several servers, every shard gathered at the same point of the order stream."""
         if self.ctx.servers > 1:
             self.peers.gather(self.params, self.opt.velocity, self.whole,
-                              self.whole_velocity if velocity else None, self.ctx.backoff())
+                              self.whole_velocity if velocity else None, self.ctx.backoff(), self._while_waiting)
         return self.whole
 
     # -- watchdog, keep-alives, other messages -------------------------------------------------
@@ -234,10 +234,13 @@ class Server:
         self.trace.maybe_flush()
         self.recorder.show_progress(self.coordinator)
 
-    def _watch_now(self) -> None:
-        """The watchdogs, while the server waits for its own replies to complete."""
+    def _while_waiting(self) -> None:
+        """While the server waits for its own replies to complete or for the other servers' shards: the
+        watchdogs, and the keep-alives to the workers it holds, which would otherwise take a long gather
+        (another server's node lost) for the silence of rank 0 and name it, alive, as silent."""
         now = self.ctx.now()
         self._watchdog(now)
+        self._keep_alive(now)
         self.peers.housekeeping(now)
 
     def _watchdog(self, now: float) -> None:
@@ -248,7 +251,8 @@ class Server:
             owes = w in waiting_on or (w not in left and w not in self.policy.held)
             if owes and now - self.last_heard[w] > timeout:
                 raise StallError(f"worker rank {self.ctx.worker_rank(w)} silent for {now - self.last_heard[w]:.1f} s "
-                                 f"(runtime.stall_timeout_s = {timeout}); it may have died or hung")
+                                 f"(runtime.stall_timeout_s = {timeout}); it may have died or hung",
+                                 [self.ctx.worker_rank(w)])
 
     def _keep_alive(self, now: float) -> None:
         """Tell each worker whose pull the sync model holds, every quarter of the stall timeout, that the
@@ -284,10 +288,11 @@ class Server:
                 backoff.reset()
                 continue
             if self.ctx.now() - since > timeout:
-                missing = [f"server rank {r}" for r, s in self.peers.stats.items() if s is None] + \
-                    [f"worker rank {self.ctx.worker_rank(w)}" for w, s in enumerate(self.stats) if s is None]
-                raise StallError(f"{missing[0]} sent no statistics within {timeout} s after the run ended "
-                                 f"(runtime.stall_timeout_s); it may have died or hung")
+                missing = [r for r, s in self.peers.stats.items() if s is None] + \
+                    [self.ctx.worker_rank(w) for w, s in enumerate(self.stats) if s is None]
+                kind = "server" if missing[0] < self.ctx.servers else "worker"
+                raise StallError(f"{kind} rank {missing[0]} sent no statistics within {timeout} s after the run "
+                                 f"ended (runtime.stall_timeout_s); it may have died or hung", missing)
             backoff.idle()
         return self.stats
 

@@ -73,7 +73,7 @@ class ShardServer:
         shard = self.store.shard
         log.info("server rank %d: elements [%d, %d) of %d", ctx.rank, shard.lo, shard.hi, self.params.size)
         self.alive_recv.Start()
-        scheduler = Silence(self.job.runtime.stall_timeout_s, "the scheduler (rank 0)", self.alive_recv)
+        scheduler = Silence(self.job.runtime.stall_timeout_s, "the scheduler (rank 0)", self.alive_recv, (0,))
         self.alive.told(0, ctx.now())
         next_housekeeping = 0.0
         while not self.ended:

@@ -136,7 +136,7 @@ class Worker:
     def _run(self) -> dict:
         backoff = self.ctx.backoff()
         self.keepalive.Start()
-        server = Silence(self.job.runtime.stall_timeout_s, "the server (rank 0)", self.keepalive)
+        server = Silence(self.job.runtime.stall_timeout_s, "the server (rank 0)", self.keepalive, (0,))
         if self.ondemand is not None:
             self.ondemand.fetcher.wait = partial(self._wait_naming, backoff=backoff, silence=server)
         if self.peak is not None:
@@ -270,13 +270,19 @@ class Worker:
         requests still incomplete (a stopped shard server, not the server of the last pull)."""
         arrived: set[int] = set()
         silence.what = partial(self._silent, ranks, arrived)
+        silence.ranks = partial(_missing, ranks, arrived)
         wait_all(requests, backoff, silence, arrived.update)
 
     def _silent(self, sources: list[int], arrived: set[int]) -> str:
         """Who has sent nothing of the reply this worker waits for (the stall watchdog's message)."""
-        missing = sorted({sources[k] for k in range(len(sources)) if k not in arrived})
-        names = [f"the {self.ctx.role_of(r)} (rank {r})" for r in missing] or ["the server (rank 0)"]
-        return ", ".join(names)
+        names = [f"the {self.ctx.role_of(r)} (rank {r})" for r in _missing(sources, arrived)]
+        return ", ".join(names or ["the server (rank 0)"])
+
+
+def _missing(sources: list[int], arrived: set[int]) -> list[int]:
+    """The ranks whose requests (request k's is ``sources[k]``) are not in `arrived`; the server (rank
+    0) where every request has come (a wait for its keep-alive alone)."""
+    return sorted({sources[k] for k in range(len(sources)) if k not in arrived}) or [0]
 
 
 #: the context of a block in a run without a measured peak (a nullcontext can be entered again)
