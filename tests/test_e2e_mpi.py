@@ -214,3 +214,16 @@ def test_the_watchdog_names_a_hung_worker(tmp_path, fault, message):
     if fault.endswith("end:hang"):  # training had finished: the model is kept
         state, attrs = read_model(tmp_path / "model.h5")
         assert attrs["version"] == 20 and state
+
+
+def test_a_worker_that_finishes_long_before_the_others_waits_for_the_end(tmp_path):
+    """ASP to a number of iterations, worker 1 five times slower: worker 0 stops seconds before it, more
+    than the stall timeout, and waits for the end hearing the server's keep-alives. Without them it
+    took the server for dead and aborted the job, naming it (alive) silent."""
+    p = train(3, tmp_path, "sync.model=asp", "stop.iterations=100", "runtime.stall_timeout_s=2",
+              "straggler.base_s=0.01", "straggler.slowdown=[1.0, 5.0]", timeout=120)
+    assert p.returncode == 0, p.stderr + p.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["iterations"] == [100, 100]
+    ends = [np.max(read_run(tmp_path)[rank].table("iterations")["t_end"]) for rank in (1, 2)]
+    assert ends[1] - ends[0] > 2 * 2, ends  # worker 0 waited longer than two stall timeouts

@@ -36,8 +36,11 @@ CLOCK_ROUNDS = 16
 #: seconds between a server's housekeeping passes (keep-alives, watchdogs, trace flush; on rank 0 also
 #: evaluation start, progress and stray messages)
 HOUSEKEEPING_S = 0.05
-#: what a keep-alive carries (nothing is read; never written, so always safe to send)
+#: what a keep-alive carries (never written, so always safe to send)
 ALIVE = np.zeros(1)
+#: what the server's last keep-alive to a worker carries, once every worker's statistics are in: no other
+#: follows, and the worker may stop listening (``protocol.ALIVE_TAG``)
+PARTING = np.ones(1)
 
 
 class JobFailure(RuntimeError):
@@ -479,6 +482,11 @@ class KeepAlive:
                 self.sends.append(self.comm.Isend([ALIVE, MPI.DOUBLE], rank, ALIVE_TAG))
                 self.last_told[rank] = now
         self.sends = [r for r in self.sends if not r.Test()]
+
+    def part(self, ranks) -> None:
+        """The last keep-alive to each of `ranks`: :data:`PARTING`, after which none follows."""
+        for rank in ranks:
+            self.sends.append(self.comm.Isend([PARTING, MPI.DOUBLE], rank, ALIVE_TAG))
 
     def wait(self, backoff: Backoff) -> None:
         """Complete the keep-alives still in flight (small: complete already, or soon)."""

@@ -19,10 +19,13 @@ A worker's iteration, as messages (docs/design.md, "Parameters on the wire"):
   carries the orders out in their order, so every shard applies the same pushes in the same order
   as rank 0's, and a pulled or evaluated model is exactly the one rank 0 decided on. A snapshot goes
   back to rank 0 on ``SNAP_TAG``; servers and rank 0 exchange keep-alives (``ALIVE_TAG``) while idle.
-- **keep-alive** (rank 0 -> worker, ``ALIVE_TAG``): while the sync model holds a worker's pull, the
-  server tells it every quarter of ``runtime.stall_timeout_s`` that it still lives, so that a worker's
-  own watchdog (no word from the server within the stall timeout) tells a long hold from a dead or
-  stopped server. A worker keeps one receive of it posted from start-up to its stop reply.
+- **keep-alive** (rank 0 -> worker, ``ALIVE_TAG``): while the sync model holds a worker's pull, and
+  from its stop reply to the end of the run, the server tells it every quarter of
+  ``runtime.stall_timeout_s`` that it still lives, so that a worker's own watchdog (no word from the
+  server within the stall timeout) tells a long hold, or a wait for slower workers to finish, from a
+  dead or stopped server. Once every worker's statistics are in, the last one it sends each worker
+  says so (``comm.PARTING``): the worker keeps one receive of them posted from start-up until that one
+  has come, so none is left unmatched.
 - **fetch** (worker <-> server, on the fetch communicator, ``FETCH_TAG``): with an OSDP plan
   (``osdp.plan``) a worker holds its on-demand layers' weights only while it computes with them. It
   asks for one unit (a layer, or a slice of one) with a one-value request (the unit's index in the
@@ -59,7 +62,8 @@ PUSH_TAG = 1
 PULL_TAG = 2
 CLOCK_TAG = 3  # the clock-offset ping-pong at start-up (runtime.comm)
 STATS_TAG = 4
-ALIVE_TAG = 5  # the server to a worker whose pull it holds: it still lives (no payload to read)
+ALIVE_TAG = 5  # the server to a worker whose pull it holds, or that has stopped: it still lives (comm.ALIVE),
+#               or, once every worker has reported, that none will follow (comm.PARTING)
 ORDER_TAG = 6  # rank 0 to the other servers: the orders of the sync policy (runtime.servers > 1)
 SNAP_TAG = 7  # a server to rank 0: its shard of the parameters (and optimizer state), as ordered
 FETCH_TAG = 8  # a worker's request for an on-demand unit, and a server's reply (on Context.fetch_comm)

@@ -255,10 +255,13 @@ class Server:
                                  [self.ctx.worker_rank(w)])
 
     def _keep_alive(self, now: float) -> None:
-        """Tell each worker whose pull the sync model holds, every quarter of the stall timeout, that the
-        server still lives: the worker's own watchdog then fires only on a dead or stopped server, not
-        on a long hold (``protocol.ALIVE_TAG``)."""
-        self.alive.tick(now, [self.ctx.worker_rank(w) for w in self.policy.held if w not in self.coordinator.left])
+        """Tell each worker whose pull the sync model holds, and each that has stopped, every quarter of
+        the stall timeout, that the server still lives: the worker's own watchdog then fires only on a
+        dead or stopped server, not on a long hold, nor on a wait for slower workers to finish (a
+        worker that stopped more than the stall timeout before the last one named the server, alive)
+        (``protocol.ALIVE_TAG``)."""
+        left = self.coordinator.left
+        self.alive.tick(now, [self.ctx.worker_rank(w) for w in range(self.n) if w in left or w in self.policy.held])
 
     def _take_other_messages(self) -> bool:
         """Take the statistics of workers that have stopped, and the other servers' keep-alives and
@@ -284,6 +287,7 @@ class Server:
         backoff, since = self.ctx.backoff(), self.ctx.now()
         timeout = self.job.runtime.stall_timeout_s
         while None in self.stats or None in self.peers.stats.values():
+            self._keep_alive(self.ctx.now())
             if self._take_other_messages():
                 backoff.reset()
                 continue
@@ -373,6 +377,7 @@ class Server:
         if self.fetches is not None:  # every worker has had its stop reply: no fetch is coming
             self.fetches.close()
         stats = self._collect_stats()
+        self.alive.part([self.ctx.worker_rank(w) for w in range(self.n)])
         self.alive.wait(self.ctx.backoff())
         self.peers.wait_sends(self.ctx.backoff())
         summary = self.recorder.summary(

@@ -35,7 +35,7 @@ from mpi4py import MPI
 
 from ..backend import resolve_backend
 from ..straggler import straggler_model
-from .comm import Context, Silence, open_rank_trace, wait_all
+from .comm import PARTING, Context, Silence, open_rank_trace, wait_all
 from .faults import fault_for
 from .hybrid import ByteCounter
 from .layout import make_layout
@@ -86,7 +86,7 @@ class Worker:
         self.bytes, self.finite = ByteCounter(), FiniteCheck()
         self._make_wire()
         self.times = IterationTimes()  # each iteration's start, and the fetches' wait by then: the medians
-        # the server's keep-alive while it holds our pull (its content is never read)
+        # the server's keep-alive while it holds our pull or we wait for the end (comm.ALIVE, or PARTING last)
         self.alive_buf = np.zeros(1)
         self.keepalive = ctx.comm.Recv_init([self.alive_buf, MPI.DOUBLE], 0, ALIVE_TAG)
         self.trace = open_rank_trace(ctx, job, self.run_dir, role="worker", backend=self.backend.name,
@@ -157,9 +157,21 @@ class Worker:
             loss, compute_s, delay = self._compute(t_start)
             pull = self._push(t_start, loss, compute_s, delay)
         self._wait_naming(self.outgoing.requests, self.outgoing.ranks, backoff, server)
-        self.keepalive.Cancel()  # the server sends none after our stop reply
-        self.keepalive.Wait()
-        return self._finish(backoff)
+        stats = self._finish(backoff)
+        self._await_parting(backoff)
+        return stats
+
+    def _await_parting(self, backoff) -> None:
+        """Once stopped and reported: the server's keep-alives, while slower workers finish and it takes
+        in every one's statistics, until its last (``comm.PARTING``); a server silent for the stall
+        timeout meanwhile is named. The receive stays posted until then, so none is left unmatched."""
+        server = Silence(self.job.runtime.stall_timeout_s, "the server (rank 0)", ranks=(0,))
+        while True:
+            if not self.keepalive.Test():
+                wait_all([self.keepalive], backoff, server)
+            if self.alive_buf[0] == PARTING[0]:
+                return
+            self.keepalive.Start()
 
     def _take_reply(self, first: bool, t_start: float) -> bool:
         """Take in the reply just received: count it, end the previous iteration's trace row, and with
