@@ -39,7 +39,7 @@
 #      last checkpoint the cut ASP run committed (every second) reads whole, and `train --resume` across
 #      the nodes continues from it to 20 iterations more, every worker's trace holding each iteration once.
 #
-# CLUSTER_CHECKS="oracle cut" runs some of them only (isolation oracle sync pernode openmpi slow slurm cut;
+# CLUSTER_CHECKS="oracle cut" runs some of them only (isolation oracle sync pernode openmpi slow slurm cut lost;
 # oracle is 2 and 3, sync 2b and 3b, slow 5b). Every launch runs under `timeout`. The cluster (its namespaces, veths and bridge, and every
 # process in it) is taken down on exit, whatever happened. Where a node cannot be made (not root, no time
 # namespaces, no bridge, veth or tbf) it says so in one line and exits 0; in CI (CI=true) that fails.
@@ -57,7 +57,7 @@ skip() {
 fail() { say "FAILED: $*" >&2; exit 1; }
 trap 'say "FAILED: line $LINENO: $BASH_COMMAND" >&2' ERR
 # want CHECK: CHECK is among $CLUSTER_CHECKS (default all: isolation oracle sync pernode openmpi slow slurm cut)
-want() { [[ " ${CLUSTER_CHECKS:-isolation oracle sync pernode openmpi slow slurm cut} " == *" $1 "* ]]; }
+want() { [[ " ${CLUSTER_CHECKS:-isolation oracle sync pernode openmpi slow slurm cut lost} " == *" $1 "* ]]; }
 
 [[ $(id -u) == 0 ]] || skip "needs root (it makes network, UTS, mount, IPC, PID and time namespaces)"
 for tool in ip tc unshare nsenter timeout; do
@@ -400,7 +400,10 @@ fi
 # -- 7. a link cut mid-run --------------------------------------------------------------------------
 STALL=10
 # cut NAME NODE HOSTS RANKS all|any [--set ...]: start a 120-s run, cut NODE's link once every rank
-# trains, and time the job's end and that of NODE's own ranks; the output names all NODE's ranks (any: one)
+# trains, and time the job's end and that of NODE's own ranks; the output names all NODE's ranks (any: one).
+# With CUT_AT=TEXT the cut comes once the job's output shows TEXT (a stage that EBSP_INJECT_FAULT holds a
+# rank of NODE in, hung: the node is lost there), and every process of NODE is SIGKILLed after the cut
+# (a node lost whole; its link stays down, so that mpiexec does not see its daemon's socket close)
 cut() {
     local name=$1 node=$2 hosts=$3 ranks=$4 which=$5 pid cut_at ended gone code=0 last
     shift 5
@@ -409,12 +412,18 @@ cut() {
         --out "$T/runs/$name" $(sets stop.seconds=120 stop.epochs=0 runtime.stall_timeout_s=$STALL \
         straggler.base_s=0.01 trace.flush_seconds=0.2) "$@" > "$T/logs/$name" 2>&1 &
     pid=$!
-    for _ in $(seq 120); do [[ -e "$last" ]] && break; sleep 0.5; done
-    [[ -e "$last" ]] || fail "$name: rank $((ranks - 1)) never started"
-    sleep 3
+    if [[ -n "${CUT_AT:-}" ]]; then
+        for _ in $(seq 240); do grep -qF "$CUT_AT" "$T/logs/$name" && break; sleep 0.25; done
+        grep -qF "$CUT_AT" "$T/logs/$name" || fail "$name: no '$CUT_AT' in its output in 60 s: $(tail -n 3 "$T/logs/$name")"
+    else
+        for _ in $(seq 120); do [[ -e "$last" ]] && break; sleep 0.5; done
+        [[ -e "$last" ]] || fail "$name: rank $((ranks - 1)) never started"
+        sleep 3
+    fi
     kill -0 $pid 2>/dev/null || fail "$name: the job ended before the cut: $(tail -n 3 "$T/logs/$name")"
     ip link set "$CLUSTER_PREFIX-$node" down
     cut_at=$(date +%s.%N)
+    [[ -z "${CUT_AT:-}" ]] || "$ENTER" "$node" 'kill -9 -1'  # every process of the node but its init
     wait $pid || code=$?
     ended=$("$PY" -c "import sys, time; print(f'{time.time() - float(sys.argv[1]):.1f}')" "$cut_at")
     (( code != 0 )) || fail "$name: exit 0 after $node's link was cut"
@@ -450,4 +459,61 @@ cut cut-elasticbsp n3 n1,n2,n3,n4 6 all --set sync.model=elasticbsp
 # no other node
 cut cut-bsp-server n2 n1,n2,n3,n4 6 all --set sync.model=bsp --set runtime.servers=2
 say "7. link cuts ($(( $(date +%s) - t )) s)"
+fi
+
+# -- 8. a node lost at a stage, and under Hydra with its link up ------------------------------------
+# killed NAME NODE HOSTS RANKS [--set ...]: every process of NODE SIGKILLed mid-run, its link up. Hydra's
+# mpiexec sees its daemon there go and ends the job at once (exit 255), SIGKILLing every other rank and
+# naming neither node nor rank: the cluster's enter launcher names the node, on mpiexec's stderr (the
+# log opened to append, as enter does), rank 0's set-up line (no -q) its ranks; and no rank of the job is
+# left on any node
+killed() {
+    local name=$1 node=$2 hosts=$3 ranks=$4 pid code=0 last killed_at ended n
+    shift 4
+    last=$T/runs/$name/trace/rank-$(printf %04d $((ranks - 1))).h5
+    mpirun 100 "$hosts" "$ranks" -disable-auto-cleanup -- "$PY" -m ebsp_mpi train --out "$T/runs/$name" \
+        $(sets stop.seconds=120 stop.epochs=0 straggler.base_s=0.01) "$@" >> "$T/logs/$name" 2>&1 &
+    pid=$!
+    for _ in $(seq 120); do [[ -e "$last" ]] && break; sleep 0.5; done
+    [[ -e "$last" ]] || fail "$name: rank $((ranks - 1)) never started"
+    sleep 2
+    kill -0 $pid 2>/dev/null || fail "$name: the job ended before the kill: $(tail -n 3 "$T/logs/$name")"
+    "$ENTER" "$node" 'kill -9 -1'
+    killed_at=$(date +%s.%N)
+    wait $pid || code=$?
+    ended=$("$PY" -c "import sys, time; print(f'{time.time() - float(sys.argv[1]):.1f}')" "$killed_at")
+    (( code != 0 && code != 124 && code != 137 )) || fail "$name: exit $code after $node's processes were killed"
+    for _ in $(seq 20); do grep -q "^enter: node $node lost" "$T/logs/$name" && break; sleep 0.1; done  # enter ends after
+    line=$("$PY" "$PROBE" killed "$T/runs/$name" "$node" "$T/logs/$name") || fail "$line"
+    for n in ${hosts//,/ }; do
+        ! "$ENTER" "${n%%:*}" 'pgrep -f "[e]bsp_mpi train" >/dev/null' || fail "$name: a rank still runs on ${n%%:*}"
+    done
+    say "8. $name: every process of $node SIGKILLed, the job ended $ended s later (exit $code): ${line#*: }; no rank left on any node"
+}
+if want lost; then
+t=$(date +%s)
+killed lost-killed n3 n1,n2,n3,n4 6 --set sync.model=asp
+# A node lost whole (link cut, every process killed) just as a rank of it reaches a stage, held there by
+# EBSP_INJECT_FAULT=RANK:STAGE:hang; the last committed checkpoint stays whole
+# - a checkpoint's commit: worker rank 2 (n3) asked to flush its trace for the second checkpoint; the
+#   server has written it and waits for every worker's flush to commit it
+CUT_AT="rank 2 hangs at the second request to flush" EBSP_INJECT_FAULT=2:flush:hang \
+    cut lost-commit n3 n1,n2,n3,n4 6 all --set sync.model=asp --set checkpoint.every_seconds=1
+[[ -e "$T/runs/lost-commit/checkpoint.pending.h5" ]] || fail "lost-commit: no checkpoint was pending at the cut"
+done_=$("$PY" "$PROBE" checkpointed "$T/runs/lost-commit" 2>&1) || fail "lost-commit: its checkpoint: $done_"
+say "8. lost-commit: the second checkpoint pending, never committed; the first reads whole (a worker at $done_ iterations)"
+# - the end of the run: the server (rank 0, n1) after the last worker's stop reply, before the model is
+#   written; the workers wait for it in the last barrier
+CUT_AT="rank 0 hangs at the end" EBSP_INJECT_FAULT=0:end:hang \
+    cut lost-end n1 n1,n2,n3,n4 6 all --set sync.model=asp --set stop.seconds=0 --set stop.iterations=900 \
+    --set checkpoint.every_seconds=1
+done_=$("$PY" "$PROBE" checkpointed "$T/runs/lost-end" 2>&1) || fail "lost-end: its checkpoint: $done_"
+say "8. lost-end: its last committed checkpoint reads whole (a worker at $done_ iterations)"
+# - the final statistics: worker rank 2 (n3) after its stop reply, before it reports
+CUT_AT="rank 2 hangs at the end" EBSP_INJECT_FAULT=2:end:hang \
+    cut lost-stats n3 n1,n2,n3,n4 6 all --set sync.model=asp --set stop.seconds=0 --set stop.iterations=900 \
+    --set checkpoint.every_seconds=1
+done_=$("$PY" "$PROBE" checkpointed "$T/runs/lost-stats" 2>&1) || fail "lost-stats: its checkpoint: $done_"
+say "8. lost-stats: its last committed checkpoint reads whole (a worker at $done_ iterations)"
+say "8. nodes lost ($(( $(date +%s) - t )) s)"
 fi

@@ -23,6 +23,10 @@ subcommand each. Every one prints one line and exits non-zero when its claim doe
                                    node, Slurm ids, EBSP_SERVERS and CUDA_VISIBLE_DEVICES
     gpubound DIR GPUS              those files: each server saw no GPU, each worker one of GPUS (the
                                    list its node showed) by its local rank among the node's workers
+    killed RUN NODE LOG            every process of NODE was killed under Hydra's mpiexec, which ended the
+                                   job at once: LOG names NODE as lost (the enter launcher's line), and
+                                   rank 0's set-up line there places on NODE exactly the ranks that ran
+                                   there (their traces' host)
     checkpointed RUN               RUN's checkpoint reads whole, every part matching its checksum:
                                    prints its workers' most iterations
     cut RUN NODE LOG [any]         RUN ended after NODE's link was cut: LOG names every rank of NODE
@@ -123,6 +127,19 @@ def cut(run: str, node: str, log: str, which: str = "all") -> None:
     lost = set(re.findall(r"(?:: |; )(\S+) runs rank", notes))
     assert lost <= {node}, f"{log}: takes {sorted(lost)} for lost nodes, not {node} alone:\n{text[-2000:]}"
     print(f"{run}: the job's output names {node}'s rank(s) {', '.join(map(str, named))} of {ranks}")
+
+
+def killed(run: str, node: str, log: str) -> None:
+    ranks = sorted(r for r, h in hosts_of(run).items() if h == node)
+    assert ranks, f"{run}: no rank on {node} in the traces"
+    text = Path(log).read_text(errors="replace")
+    lost = re.search(rf"^enter: node {node} lost: .*$", text, re.M)
+    assert lost, f"{log}: does not name {node} as lost:\n{text[-2000:]}"
+    setup = re.search(r"ranks: (.*)$", text, re.M)
+    assert setup, f"{log}: no set-up line of the ranks' nodes"
+    placed = sorted(int(r) for r, h in re.findall(r"(\d+) \([^)]*\) pid \d+ on (\S+?)(?:,|$)", setup[1]) if h == node)
+    assert placed == ranks, f"{log}: the set-up line puts ranks {placed} on {node}, its traces {ranks}"
+    print(f"{run}: {lost[0]!r}; the set-up line puts rank(s) {', '.join(map(str, ranks))} there")
 
 
 def accuracy(run: str, ref: str, tol: str = "0.01") -> None:
@@ -305,7 +322,7 @@ if __name__ == "__main__":
         {"bandwidth": bandwidth, "oracle": oracle, "placement": placement, "clocks": clocks, "eager": eager,
          "devices": devices, "cut": cut, "complete": complete, "straggler": straggler,
          "accuracy": accuracy, "causal": causal, "gpubind": gpubind, "gpubound": gpubound,
-         "checkpointed": checkpointed}[command](*args)
+         "checkpointed": checkpointed, "killed": killed}[command](*args)
     except AssertionError as e:
         print(f"FAILED: {e}")
         sys.exit(1)

@@ -321,7 +321,34 @@ init=$(cat "/proc/$holder/task/$holder/children" 2>/dev/null | awk '{print $1}')
 [[ $# -gt 0 ]] || set -- "${SHELL:-/bin/sh}"
 # a node's own temporary directory: Open MPI's daemons name theirs by PID, and PIDs repeat between nodes
 export TMPDIR=$STATE/$host.tmp
-exec nsenter --target "$init" --net --uts --mount --ipc --pid --time --wd="$PWD" -- /bin/sh -c "$*"
+# Not exec: when the node's processes are killed (the launcher's daemon among them), Hydra's mpiexec sees
+# its daemon's socket close and ends the job at once, exit 255, naming no host and no rank, and no rank
+# can speak: this says which node. It writes to the launcher's own stderr (opened anew, appending), not
+# to the pipe the launcher gave it: mpiexec exits without reading that pipe to its end. A daemon that
+# ends by a signal the launcher did not pass on (SIGTERM, SIGINT, SIGHUP here) was killed on its node;
+# one the job ends itself exits with a code.
+exec {say}>&2
+if ( exec 3>>"/proc/$PPID/fd/2" ) 2>/dev/null; then
+    exec {say}>>"/proc/$PPID/fd/2"
+fi
+nsenter --target "$init" --net --uts --mount --ipc --pid --time --wd="$PWD" -- /bin/sh -c "$*" <&0 &
+child=$!
+passed=
+trap 'passed=1; kill -TERM $child 2>/dev/null' TERM
+trap 'passed=1; kill -INT $child 2>/dev/null' INT
+trap 'passed=1; kill -HUP $child 2>/dev/null' HUP
+while :; do
+    code=0
+    wait "$child" 2>/dev/null || code=$?  # (bash's own "Killed" notice left out)
+    kill -0 "$child" 2>/dev/null || break  # else wait was cut short by a trapped signal
+done
+if (( code > 128 )) && [[ -z "$passed" ]]; then
+    cmd="$*"
+    cmd=${cmd%% *}
+    cmd=${cmd//[\"\']/}
+    echo "enter: node $host lost: ${cmd##*/} killed there by signal $((code - 128)) ($(kill -l $((code - 128)))); every process the launcher started on $host is gone" >&"$say"
+fi
+exit "$code"
 EOF
     chmod 755 "$STATE/enter"
 }
