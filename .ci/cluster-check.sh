@@ -413,15 +413,15 @@ cut() {
         straggler.base_s=0.01 trace.flush_seconds=0.2) "$@" > "$T/logs/$name" 2>&1 &
     pid=$!
     if [[ -n "${CUT_AT:-}" ]]; then
-        for _ in $(seq 240); do grep -qF "$CUT_AT" "$T/logs/$name" && break; sleep 0.25; done
-        grep -qF "$CUT_AT" "$T/logs/$name" || fail "$name: no '$CUT_AT' in its output in 60 s: $(tail -n 3 "$T/logs/$name")"
+        for _ in $(seq 240); do grep -qsF "$CUT_AT" "$T/logs/$name" && break; sleep 0.25; done
+        grep -qsF "$CUT_AT" "$T/logs/$name" || fail "$name: no '$CUT_AT' in its output in 60 s: $(tail -n 3 "$T/logs/$name")"
     else
         for _ in $(seq 120); do [[ -e "$last" ]] && break; sleep 0.5; done
         [[ -e "$last" ]] || fail "$name: rank $((ranks - 1)) never started"
         sleep 3
     fi
     kill -0 $pid 2>/dev/null || fail "$name: the job ended before the cut: $(tail -n 3 "$T/logs/$name")"
-    ip link set "$CLUSTER_PREFIX-$node" down
+    bash .ci/cluster.sh link "$node" down
     cut_at=$(date +%s.%N)
     [[ -z "${CUT_AT:-}" ]] || "$ENTER" "$node" 'kill -9 -1'  # every process of the node but its init
     wait $pid || code=$?
@@ -438,8 +438,8 @@ cut() {
     gone=$("$PY" -c "import sys, time; print(f'{time.time() - float(sys.argv[1]):.1f}')" "$cut_at")
     ! "$ENTER" "$node" 'pgrep -f "[e]bsp_mpi train" >/dev/null' ||
         fail "$name: $node's ranks still run $gone s after its link was cut"
-    ip link set "$CLUSTER_PREFIX-$node" up
-    say "7. $name: $node's link cut, the job ended $ended s later (exit $code), ${line#*: }; $node's own ranks gone $gone s after the cut"
+    bash .ci/cluster.sh link "$node" up
+    say "$([[ -n "${CUT_AT:-}" ]] && echo 8 || echo 7). $name: $node's link cut, the job ended $ended s later (exit $code), ${line#*: }; $node's own ranks gone $gone s after the cut"
 }
 if want cut; then
 t=$(date +%s)

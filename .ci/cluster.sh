@@ -7,6 +7,7 @@
 #   bash .ci/cluster.sh down                                     stop and remove everything
 #   bash .ci/cluster.sh status                                   the nodes, their holders and links
 #   bash .ci/cluster.sh shape NODE RATE|none                     shape one node's link now
+#   bash .ci/cluster.sh link NODE down|up                        cut one node's link, or mend it
 #   bash .ci/cluster.sh shm NODE SIZE                            resize one node's /dev/shm (64m)
 #
 # A node nI has its own
@@ -70,6 +71,19 @@ shape_link() {
     tc qdisc replace dev "$(hostveth "$node")" root tbf rate "$rate" burst "$burst" latency 100ms
     ip netns exec "$(netns "$node")" tc qdisc replace dev eth0 root tbf rate "$rate" burst "$burst" latency 100ms
     echo "$rate" > "$STATE/$node.rate"
+}
+
+# set_link NODE up|down: cut NODE's link (its veth on the bridge) or mend it. Mended, both sides forget
+# the addresses they failed to reach meanwhile: a connection from the node a moment later otherwise met
+# its failed neighbour entry, "No route to host"
+set_link() {
+    local node=$1 state=$2
+    [[ "$state" == up || "$state" == down ]] || die "link NODE up|down, not '$state'"
+    ip link set "$(hostveth "$node")" "$state"
+    if [[ "$state" == up ]]; then
+        ip netns exec "$(netns "$node")" ip neigh flush dev eth0 2>/dev/null || true
+        ip neigh flush dev "$BRIDGE" to "$(cat "$STATE/$node.addr")" 2>/dev/null || true
+    fi
 }
 
 down() {
@@ -375,6 +389,7 @@ case $cmd in
     down) down ;;
     status) status ;;
     shape) [[ $# == 2 ]] || die "shape NODE RATE"; shape_link "$1" "$2" ;;
+    link) [[ $# == 2 ]] || die "link NODE up|down"; set_link "$1" "$2" ;;
     shm) [[ $# == 2 ]] || die "shm NODE SIZE"; "$STATE/enter" "$1" mount -o remount,size="$2" /dev/shm ;;
-    *) die "usage: $0 up [N] [--rate R] [--rate-of nI=R] | down | status | shape NODE RATE | shm NODE SIZE" ;;
+    *) die "usage: $0 up [N] [--rate R] [--rate-of nI=R] | down | status | shape NODE RATE | link NODE up|down | shm NODE SIZE" ;;
 esac
