@@ -29,9 +29,10 @@
 #      iterations, every worker's trace holding each iteration once; slurm/gpu-bind.sh under srun on 2
 #      nodes of 3 tasks (1 and 2 servers, the nodes' GPUs shown as 4,5,6,7) hides the GPUs from every
 #      server and gives each worker the GPU of its rank among its node's workers; a sweep's job array of two members
-#      (one node each) runs them on different nodes; every process of a node's job step SIGKILLed (its
-#      slurmstepd and rank): the server names that node's rank within runtime.stall_timeout_s + 10 s and
-#      the job fails (srun waits KillWait, 30 s, for the lost step first);
+#      (one node each) runs them on different nodes; every process of a node SIGKILLed (its slurmd,
+#      slurmstepd and rank): the server names that node's rank within runtime.stall_timeout_s + 10 s, the
+#      job ends NODE_FAIL once Slurm marks the node DOWN (SlurmdTimeout, 10 s here), no process of it is
+#      left on any node, and the node's slurmd started again returns it to service;
 #   7. a link cut mid-run (ip link set VETH down): under ASP, BSP and ElasticBSP with a worker's node cut,
 #      and under BSP with the node of server 1 and a worker cut, the job ends within runtime.stall_timeout_s + 10 s with a
 #      non-zero exit, its output naming every rank of that node and no other node as lost, and the cut
@@ -363,36 +364,44 @@ PYTHON
 ) || fail "sweep: ${line##*$'\n'}"
     say "6. sweep array of 2 members: $line ($(( $(date +%s) - t )) s)"
 
-    # every process of a node's job step SIGKILLed (slurmstepd and its rank): the server names the silent
-    # rank after runtime.stall_timeout_s and aborts; srun then waits for the lost step (KillWait, 30 s)
-    # and the job fails. (Under Hydra's mpiexec a node's proxy killed ends the job at once, exit 255,
-    # every other rank SIGKILLed by its proxy: nothing is left to name the node's ranks.)
+    # a node lost whole: every process of it SIGKILLed, its slurmd, slurmstepd and rank among them (its
+    # link up). The server names the silent rank after runtime.stall_timeout_s and aborts; srun cannot end
+    # the step on the lost node, whose slurmd is gone, until slurmctld marks the node DOWN (SlurmdTimeout,
+    # 10 s on this cluster: about 30 s), and the job, not requeued, ends NODE_FAIL. Then no process of the
+    # job is left on any node, and the node's slurmd, started again, returns it to service.
     t=$(date +%s)
     stall=10
-    job=$(CHECKPOINT_SECONDS= sbatch_train killed 2 -- $(sets stop.seconds=120 stop.epochs=0 \
+    job=$(CHECKPOINT_SECONDS= sbatch_train killed 2 --no-requeue -- $(sets stop.seconds=120 stop.epochs=0 \
         runtime.stall_timeout_s=$stall straggler.base_s=0.01 trace.flush_seconds=0.2))
     for _ in $(seq 120); do [[ -e "$T/runs/killed/trace/rank-0004.h5" ]] && break; sleep 0.5; done
     sleep 3
     node=$(grep -o ' 4 (worker 3) pid [0-9]* on n[0-9]*' "$T/logs/killed.err" | sed 's/.* on //') ||
         fail "job $job: no placement of rank 4 in its output"
     [[ "$(state "$job")" == RUNNING ]] || fail "job $job ended before the kill: $(state "$job")"
-    "$ENTER" "$node" "kill -9 \$(pgrep -f '[s]lurmstepd: \\[$job\\.|[e]bsp_mpi train')"
+    "$ENTER" "$node" 'kill -9 -1'  # every process of the node but its init
     killed_at=$(date +%s.%N)
     named=
-    for _ in $(seq 240); do
+    for _ in $(seq 400); do
         [[ -z "$named" ]] && grep -q 'stopped: StallError' "$T/logs/killed.err" &&
             named=$("$PY" -c "import sys, time; print(f'{time.time() - float(sys.argv[1]):.1f}')" "$killed_at")
         [[ -z "$(squeue -h -j "$job" -o %i 2>/dev/null)" ]] && break
         sleep 0.25
     done
     ended=$("$PY" -c "import sys, time; print(f'{time.time() - float(sys.argv[1]):.1f}')" "$killed_at")
-    [[ -z "$(squeue -h -j "$job" -o %i 2>/dev/null)" ]] || fail "job $job still queued $ended s after $node's step was killed"
-    [[ "$(state "$job")" == FAILED && "$(field "$job" ExitCode)" != 0:0 ]] ||
-        fail "job $job ended $(state "$job"), exit code $(field "$job" ExitCode), after $node's step was killed"
+    [[ -z "$(squeue -h -j "$job" -o %i 2>/dev/null)" ]] || fail "job $job still queued $ended s after $node was killed"
+    [[ "$(state "$job")" == NODE_FAIL || "$(state "$job")" == FAILED ]] ||
+        fail "job $job ended $(state "$job"), exit code $(field "$job" ExitCode), after $node was killed"
     [[ -n "$named" ]] && "$PY" -c "import sys; sys.exit(float(sys.argv[1]) > float(sys.argv[2]))" "$named" $((stall + 10)) ||
         fail "job $job: no rank named within stall_timeout_s + 10 s of the kill ($(tail -n 5 "$T/logs/killed.err"))"
     line=$("$PY" "$PROBE" cut "$T/runs/killed" "$node" "$T/logs/killed.err" all) || fail "$line"
-    say "6. $node's step SIGKILLed: ${line#*: } $named s later; the job FAILED $ended s after the kill, exit code $(field "$job" ExitCode) ($(( $(date +%s) - t )) s)"
+    for n in n1 n2 n3 n4; do
+        ! "$ENTER" "$n" "pgrep -f '[s]lurmstepd: \\[$job\\.|[e]bsp_mpi train' >/dev/null" ||
+            fail "job $job: a process of it is left on $n: $("$ENTER" "$n" "pgrep -af '[s]lurmstepd|[e]bsp_mpi train'")"
+    done
+    bash .ci/cluster.sh slurmd "$node"
+    for _ in $(seq 60); do [[ "$(sinfo -h -n "$node" -o %t)" == idle ]] && break; sleep 0.5; done
+    [[ "$(sinfo -h -n "$node" -o %t)" == idle ]] || fail "$node did not return to service: $(sinfo -h -n "$node")"
+    say "6. $node lost whole (slurmd, step, rank SIGKILLed): ${line#*: } $named s later; the job $(state "$job") $ended s after the kill, no process of it left; $node back in service ($(( $(date +%s) - t )) s)"
 else
     say "6. Slurm: skipped: no slurmctld, slurmd, munged and sbatch here (.ci/slurm-check.sh installs them)"
 fi

@@ -8,6 +8,7 @@
 #   bash .ci/cluster.sh status                                   the nodes, their holders and links
 #   bash .ci/cluster.sh shape NODE RATE|none                     shape one node's link now
 #   bash .ci/cluster.sh link NODE down|up                        cut one node's link, or mend it
+#   bash .ci/cluster.sh slurmd NODE                              start NODE's slurmd again (--slurm)
 #   bash .ci/cluster.sh shm NODE SIZE                            resize one node's /dev/shm (64m)
 #
 # A node nI has its own
@@ -195,57 +196,26 @@ stop_pid() {
 # file, so the host's munged serves every node. A node's slurmd needs the host's cgroup hierarchies,
 # which the node's own /sys (ip netns exec mounts one) lacks: they are mounted there again.
 SLURM_CPUS=${CLUSTER_SLURM_CPUS:-4}
+# A node whose slurmd has been silent SlurmdTimeout seconds is DOWN, and its jobs end (or requeue): 10 s
+# here, so that a node lost whole takes its job down in about 30 s, not Slurm's default 300 s
+SLURMD_TIMEOUT=10
+# shellcheck source=.ci/slurm-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/slurm-lib.sh"
 slurm_up() {
-    local t=$STATE/slurm node ports ctld_port slurmd_port nodes nsenter_pid pid
+    local t=$STATE/slurm node ports ctld_port slurmd_port nodes
     for tool in munged slurmctld slurmd sinfo; do
         command -v $tool >/dev/null || die "up --slurm: no $tool (apt-get install slurmctld slurmd slurm-client munge)"
     done
     mkdir -p "$t"/state "$t"/spool "$t"/logs
     chmod 755 "$t"
-    dd if=/dev/urandom of="$t/munge.key" bs=128 count=1 status=none
-    chmod 400 "$t/munge.key"
-    munged -F --force --key-file="$t/munge.key" --socket="$t/munge.socket" --pid-file="$t/munged.pidfile" \
-        --seed-file="$t/munged.seed" --log-file="$t/logs/munged.log" 2>"$t/logs/munged.stderr" </dev/null &
-    echo $! > "$t/munged.pid"
-    for _ in $(seq 50); do [[ -S "$t/munge.socket" ]] && break; sleep 0.1; done
-    [[ -S "$t/munge.socket" ]] || die "up --slurm: munged did not start: $(cat "$t/logs/munged.stderr")"
-    ports=$(python3 -c '
-import socket
-s = [socket.socket() for _ in range(2)]
-for x in s:
-    x.bind(("0.0.0.0", 0))
-print(*(x.getsockname()[1] for x in s))')
+    slurm_munged "$t" || { echo "$MUNGED_PID" > "$t/munged.pid"; die "up --slurm: munged did not start: $(cat "$t/logs/munged.stderr")"; }
+    echo "$MUNGED_PID" > "$t/munged.pid"
+    ports=$(slurm_ports 0.0.0.0)
     read -r ctld_port slurmd_port <<< "$ports"
     nodes=$(paste -sd, "$STATE/nodes")
     {
-        cat <<CONF
-ClusterName=virtual
-SlurmctldHost=$(hostname -s)($SUBNET.254)
-SlurmctldPort=$ctld_port
-SlurmdPort=$slurmd_port
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-AuthInfo=socket=$t/munge.socket
-CredType=cred/munge
-StateSaveLocation=$t/state
-SlurmdSpoolDir=$t/spool/%n
-SlurmctldPidFile=$t/slurmctld.pidfile
-SlurmdPidFile=$t/slurmd-%n.pidfile
-SlurmctldLogFile=$t/logs/slurmctld.log
-SlurmdLogFile=$t/logs/slurmd-%n.log
-MailProg=/bin/true
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-MpiDefault=none
-JobRequeue=1
-MinJobAge=3600
-ReturnToService=2
-SlurmdParameters=config_overrides
-CONF
+        slurm_conf virtual "$(hostname -s)" "$SUBNET.254" "$ctld_port" "$slurmd_port" "$t"
+        echo "SlurmdTimeout=$SLURMD_TIMEOUT"
         for node in $(cat "$STATE/nodes"); do
             echo "NodeName=$node NodeAddr=$(cat "$STATE/$node.addr") CPUs=$SLURM_CPUS State=UNKNOWN"
         done
@@ -258,19 +228,8 @@ CONF
          $2 ~ "^/sys/fs/cgroup/" && ($3 == "cgroup" || $3 == "cgroup2") {
              print "mkdir -p " $2 " && mount -t " $3 " -o " $4 " cgroup " $2 }' /proc/self/mounts > "$t/cgroups.sh"
     for node in $(cat "$STATE/nodes"); do
-        mkdir -p "$t/spool/$node"
         "$STATE/enter" "$node" "sh $t/cgroups.sh" || die "up --slurm: cannot mount cgroups in $node"
-        SLURM_CONF=$t/slurm.conf "$STATE/enter" "$node" "exec slurmd -D -N $node -f $t/slurm.conf" \
-            2>"$t/logs/slurmd-$node.stderr" </dev/null &
-        nsenter_pid=$!
-        pid=
-        for _ in $(seq 50); do  # nsenter forks slurmd into the node's PID namespace: its PID on the host
-            pid=$(cat "/proc/$nsenter_pid/task/$nsenter_pid/children" 2>/dev/null | awk '{print $1}')
-            [[ -n "$pid" ]] && break
-            sleep 0.1
-        done
-        [[ -n "$pid" ]] || die "up --slurm: slurmd did not start in $node: $(cat "$t/logs/slurmd-$node.stderr")"
-        echo "$pid" > "$t/slurmd-$node.pid"
+        start_slurmd "$node"
     done
     echo "export SLURM_CONF=$t/slurm.conf" > "$STATE/slurm.env"
     for _ in $(seq 60); do
@@ -278,6 +237,24 @@ CONF
         sleep 0.5
     done
     die "up --slurm: the nodes did not come up: $(SLURM_CONF=$t/slurm.conf sinfo 2>&1; tail -n 3 "$t"/logs/*.stderr)"
+}
+
+# start_slurmd NODE: NODE's slurmd, in its namespaces (again, after the node lost it); its PID on the host in
+# $STATE/slurm/slurmd-NODE.pid
+start_slurmd() {
+    local t=$STATE/slurm node=$1 nsenter_pid nsenter= pid=
+    mkdir -p "$t/spool/$node"
+    SLURM_CONF=$t/slurm.conf "$STATE/enter" "$node" "exec slurmd -D -N $node -f $t/slurm.conf" \
+        >/dev/null 2>>"$t/logs/slurmd-$node.stderr" </dev/null &
+    nsenter_pid=$!
+    for _ in $(seq 50); do  # enter's nsenter forks slurmd into the node's PID namespace: its PID on the host
+        nsenter=$(pgrep -P "$nsenter_pid" -x nsenter | head -n 1 || true)
+        [[ -n "$nsenter" ]] && pid=$(pgrep -P "$nsenter" | head -n 1 || true)
+        [[ -n "$pid" ]] && break
+        sleep 0.1
+    done
+    [[ -n "$pid" ]] || die "slurmd did not start in $node: $(cat "$t/logs/slurmd-$node.stderr")"
+    echo "$pid" > "$t/slurmd-$node.pid"
 }
 
 # every job cancelled (slurmd's steps outlive it), then slurmd, slurmctld and munged, each by its PID
@@ -338,9 +315,9 @@ export TMPDIR=$STATE/$host.tmp
 # Not exec: when the node's processes are killed (the launcher's daemon among them), Hydra's mpiexec sees
 # its daemon's socket close and ends the job at once, exit 255, naming no host and no rank, and no rank
 # can speak: this says which node. It writes to the launcher's own stderr (opened anew, appending), not
-# to the pipe the launcher gave it: mpiexec exits without reading that pipe to its end. A daemon that
-# ends by a signal the launcher did not pass on (SIGTERM, SIGINT, SIGHUP here) was killed on its node;
-# one the job ends itself exits with a code.
+# to the pipe the launcher gave it: mpiexec exits without reading that pipe to its end. A daemon killed
+# by SIGKILL was killed on its node (by hand, the OOM killer, the node's end): a job ends its daemons
+# otherwise (they exit with a code), and an orderly stop sends SIGTERM first.
 exec {say}>&2
 if ( exec 3>>"/proc/$PPID/fd/2" ) 2>/dev/null; then
     exec {say}>>"/proc/$PPID/fd/2"
@@ -356,11 +333,11 @@ while :; do
     wait "$child" 2>/dev/null || code=$?  # (bash's own "Killed" notice left out)
     kill -0 "$child" 2>/dev/null || break  # else wait was cut short by a trapped signal
 done
-if (( code > 128 )) && [[ -z "$passed" ]]; then
+if (( code == 128 + 9 )) && [[ -z "$passed" ]]; then
     cmd="$*"
     cmd=${cmd%% *}
     cmd=${cmd//[\"\']/}
-    echo "enter: node $host lost: ${cmd##*/} killed there by signal $((code - 128)) ($(kill -l $((code - 128)))); every process the launcher started on $host is gone" >&"$say"
+    echo "enter: node $host lost: ${cmd##*/} killed there (SIGKILL); every process the launcher started on $host is gone" >&"$say"
 fi
 exit "$code"
 EOF
@@ -390,6 +367,7 @@ case $cmd in
     status) status ;;
     shape) [[ $# == 2 ]] || die "shape NODE RATE"; shape_link "$1" "$2" ;;
     link) [[ $# == 2 ]] || die "link NODE up|down"; set_link "$1" "$2" ;;
+    slurmd) [[ $# == 1 && -e "$STATE/slurm/slurm.conf" ]] || die "slurmd NODE (with Slurm up)"; start_slurmd "$1" ;;
     shm) [[ $# == 2 ]] || die "shm NODE SIZE"; "$STATE/enter" "$1" mount -o remount,size="$2" /dev/shm ;;
-    *) die "usage: $0 up [N] [--rate R] [--rate-of nI=R] | down | status | shape NODE RATE | link NODE up|down | shm NODE SIZE" ;;
+    *) die "usage: $0 up [N] [--rate R] [--rate-of nI=R] | down | status | shape NODE RATE | link NODE up|down | slurmd NODE | shm NODE SIZE" ;;
 esac

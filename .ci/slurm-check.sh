@@ -79,52 +79,19 @@ stop() {
 }
 trap stop EXIT
 
-dd if=/dev/urandom of="$T/munge.key" bs=128 count=1 status=none
-chmod 400 "$T/munge.key"
-munged -F --force --key-file="$T/munge.key" --socket="$T/munge.socket" --pid-file="$T/munged.pid" \
-    --seed-file="$T/munged.seed" --log-file="$T/logs/munged.log" 2>"$T/logs/munged.stderr" &
-PIDS+=($!)
-for _ in $(seq 50); do [[ -S "$T/munge.socket" ]] && break; sleep 0.1; done
-[[ -S "$T/munge.socket" ]] || fail "munged did not start"
-
-read -r CTLD_PORT SLURMD_PORT < <(python3 -c '
-import socket
-s = [socket.socket() for _ in range(2)]
-for x in s:
-    x.bind(("127.0.0.1", 0))
-print(*(x.getsockname()[1] for x in s))')
+# shellcheck source=.ci/slurm-lib.sh
+source .ci/slurm-lib.sh
+slurm_munged "$T" || { PIDS+=("$MUNGED_PID"); fail "munged did not start"; }
+PIDS+=("$MUNGED_PID")
+read -r CTLD_PORT SLURMD_PORT < <(slurm_ports 127.0.0.1)
 HOST=$(hostname -s)
-cat > "$T/slurm.conf" <<EOF
-ClusterName=check
-FirstJobId=$((700000 + RANDOM))
-SlurmctldHost=$HOST(127.0.0.1)
-SlurmctldPort=$CTLD_PORT
-SlurmdPort=$SLURMD_PORT
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-AuthInfo=socket=$T/munge.socket
-CredType=cred/munge
-StateSaveLocation=$T/state
-SlurmdSpoolDir=$T/spool
-SlurmctldPidFile=$T/slurmctld.pid
-SlurmdPidFile=$T/slurmd.pid
-SlurmctldLogFile=$T/logs/slurmctld.log
-SlurmdLogFile=$T/logs/slurmd.log
-MailProg=/bin/true
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-MpiDefault=none
-JobRequeue=1
-MinJobAge=3600
-ReturnToService=2
-SlurmdParameters=config_overrides
-NodeName=$HOST NodeAddr=127.0.0.1 CPUs=20 State=UNKNOWN
-PartitionName=check Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
-EOF
+mkdir -p "$T/spool/$HOST"
+{
+    slurm_conf check "$HOST" 127.0.0.1 "$CTLD_PORT" "$SLURMD_PORT" "$T"
+    echo "FirstJobId=$((700000 + RANDOM))"
+    echo "NodeName=$HOST NodeAddr=127.0.0.1 CPUs=20 State=UNKNOWN"
+    echo "PartitionName=check Nodes=$HOST Default=YES MaxTime=INFINITE State=UP"
+} > "$T/slurm.conf"
 export SLURM_CONF=$T/slurm.conf
 slurmctld -D -f "$SLURM_CONF" 2>"$T/logs/slurmctld.stderr" &
 PIDS+=($!)
