@@ -38,7 +38,12 @@
 #      non-zero exit, its output naming every rank of that node and no other node as lost, and the cut
 #      node's own ranks end too (MPI_Abort is bounded: runtime/comm.py); the
 #      last checkpoint the cut ASP run committed (every second) reads whole, and `train --resume` across
-#      the nodes continues from it to 20 iterations more, every worker's trace holding each iteration once.
+#      the nodes continues from it to 20 iterations more, every worker's trace holding each iteration once;
+#   8. a node lost: every process of it SIGKILLed with its link up, under Hydra's mpiexec, which ends the
+#      job at once naming nothing: the enter launcher names the node, rank 0's set-up line its ranks, and
+#      no rank is left on any node; and a node lost whole (link cut, processes killed) just as a rank of
+#      it reaches a stage, held there by EBSP_INJECT_FAULT: a checkpoint's commit, the end of the run, the
+#      final statistics; each job ends as in 7 and its last committed checkpoint reads whole.
 #
 # CLUSTER_CHECKS="oracle cut" runs some of them only (isolation oracle sync pernode openmpi slow slurm cut lost;
 # oracle is 2 and 3, sync 2b and 3b, slow 5b). Every launch runs under `timeout`. The cluster (its namespaces, veths and bridge, and every
