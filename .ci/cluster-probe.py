@@ -79,9 +79,11 @@ def oracle(run: str, ref: str, tol: str = "1e-5") -> None:
 
 
 def hosts_of(run: str) -> dict[int, str]:
+    """Each rank's host, from its trace; read without locking, as the writer of a live file wants
+    (after a cut, the cut node's ranks may still run, their traces open, until their abort's bound)."""
     from ebsp_mpi.trace import read_run
 
-    return {rank: t.attrs["host"] for rank, t in read_run(run).items()}
+    return {rank: t.attrs["host"] for rank, t in read_run(run, live=True).items()}
 
 
 def placement(run: str, hosts: str) -> None:
