@@ -30,8 +30,7 @@ subcommand each. Every one prints one line and exits non-zero when its claim doe
     checkpointed RUN               RUN's checkpoint reads whole, every part matching its checksum:
                                    prints its workers' most iterations
     cut RUN NODE LOG [any]         RUN ended after NODE's link was cut: LOG names every rank of NODE
-                                   (by its rank number; with any, one of them at least), and where it
-                                   names a lost node's ranks, NODE's only
+                                   (by its rank number; with any, one of them at least)
 """
 
 import json
@@ -124,10 +123,6 @@ def cut(run: str, node: str, log: str, which: str = "all") -> None:
         assert named == ranks, f"{log}: names ranks {named} of {node}'s {ranks}:\n{text[-2000:]}"
     else:
         assert named, f"{log}: names none of {node}'s ranks {ranks}:\n{text[-2000:]}"
-    # the stopping rank's note on the silent ranks' nodes (comm.node_note): no other node taken for lost
-    notes = " ".join(re.findall(r"a lost node takes all its ranks: [^\n]*", text))
-    lost = set(re.findall(r"(?:: |; )(\S+) runs rank", notes))
-    assert lost <= {node}, f"{log}: takes {sorted(lost)} for lost nodes, not {node} alone:\n{text[-2000:]}"
     print(f"{run}: the job's output names {node}'s rank(s) {', '.join(map(str, named))} of {ranks}")
 
 
