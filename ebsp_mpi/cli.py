@@ -26,6 +26,7 @@ import sys
 
 from .config import check_workers, load_job, to_toml
 from .errors import OutputError, UsageError
+from .safe_text import directory
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
@@ -68,7 +69,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", help="train a job (under mpiexec: rank 0 serves, the rest are workers)")
     _job_args(train)
-    train.add_argument("--out", metavar="DIR", help="run directory (default runs/<name>-<timestamp>)")
+    train.add_argument("--out", type=directory, metavar="DIR", help="run directory (default runs/<name>-<timestamp>)")
     train.add_argument("--resume", metavar="DIR",
                        help="continue the run in DIR from its checkpoint.h5 (its own job; JOB and --set may "
                             "change only stop.* and checkpoint.*)")

@@ -50,6 +50,14 @@ def number(text: str) -> float:
     return float(text)
 
 
+def directory(text: str) -> str:
+    """An option's directory: not empty nor blank (``--out ""`` would otherwise mean the default
+    directory, silently): an argparse ``type``."""
+    if not text.strip():
+        raise ValueError(text)
+    return text
+
+
 def path_label(name: str) -> str:
     """`name` (a job's ``name``: a label) as a part of a file name: letters, digits, ``.``, ``_`` and
     ``-`` kept, any run of other characters (``/``, NUL, spaces, non-ASCII) one ``_``, at most

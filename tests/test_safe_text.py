@@ -127,3 +127,19 @@ def test_an_options_numbers_are_ascii():
     parser.add_argument("--workers", type=integer)
     with pytest.raises(SystemExit):
         parser.parse_args(["--workers", "٣"])
+
+
+@pytest.mark.parametrize("command", [
+    ["train"], ["simulate"], ["sweep", "jobs/sweeps/none.toml"], ["report", "somewhere"], ["compare", "a", "b"],
+])
+@pytest.mark.parametrize("out", ["", "  "])
+def test_an_empty_out_is_refused_not_taken_as_the_default(command, out, tmp_path, capsys, monkeypatch):
+    """``--out ""`` ran in the default directory, silently."""
+    from ebsp_mpi.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        main([*command, "--out", out])
+    assert stop.value.code == 2
+    assert "argument --out: invalid directory value" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # nothing made, in the default runs/ or elsewhere

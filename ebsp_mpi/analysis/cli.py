@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import UsageError
-from ..safe_text import number
+from ..safe_text import directory, number
 
 #: what to run when pandas or matplotlib is missing
 INSTALL_ANALYSIS = 'pip install -e ".[analysis]"'
@@ -56,7 +56,7 @@ def _add_report(subparsers) -> None:
                                           f"the analysis extra ({INSTALL_ANALYSIS}). Exit code 1 when a run "
                                           "did not finish (it is listed under Problems).")
     _runs_arg(p, nargs="+")
-    p.add_argument("--out", metavar="DIR",
+    p.add_argument("--out", type=directory, metavar="DIR",
                    help="directory for the tables and figures (default: RUN_OR_SWEEP/report for one directory, "
                         "as a sweep writes its own; ./report for several)")
     p.add_argument("--window", nargs=2, type=number, metavar=("START", "LENGTH"),
@@ -71,7 +71,8 @@ def _add_compare(subparsers) -> None:
                                           "ratio to the BSP run of the same seed, printed as Markdown. Exit "
                                           "code 1 when a run did not finish.")
     _runs_arg(p, nargs="+")
-    p.add_argument("--out", metavar="DIR", help="also write compare.md, compare.csv and compare-models.csv here")
+    p.add_argument("--out", type=directory, metavar="DIR",
+                   help="also write compare.md, compare.csv and compare-models.csv here")
     p.add_argument("--reference", metavar="LABEL", help="label of the runs to divide by (default: BSP)")
     p.set_defaults(run=run_compare, quiet=False)
 

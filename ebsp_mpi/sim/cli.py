@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..helptext import plain
-from ..safe_text import integer
+from ..safe_text import directory, integer
 
 
 def add_parser(subparsers) -> None:
@@ -48,7 +48,8 @@ def add_parser(subparsers) -> None:
                         "replay uses: data (the dataset files), code, or all; the replay is then "
                         "not exact, and its summary says why")
     p.add_argument("--sweep", metavar="FILE", help="simulate every member of a sweep file, then tabulate them")
-    p.add_argument("--out", metavar="DIR", help="run directory (default runs/<name>-simulated-<timestamp>)")
+    p.add_argument("--out", type=directory, metavar="DIR",
+                   help="run directory (default runs/<name>-simulated-<timestamp>)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.set_defaults(run=main)
 

@@ -9,11 +9,10 @@ import time
 from pathlib import Path
 
 from ..runtime.env import find_mpiexec
-from ..safe_text import ascii_digits
+from ..safe_text import ascii_digits, directory, integer
 from .runner import default_out, plan, run_sweep, write_comparison, write_figures
 from .sbatch import render_sbatch
 from .spec import SweepError, check_members, load_sweep, resolve_ranks
-from ..safe_text import integer
 
 #: what ``sweep --help`` says the command does (the module's docstring speaks to a reader of the code)
 DESCRIPTION = ("Run every member of a sweep file (a base job and [[member]] override sets, repeated over its "
@@ -29,7 +28,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("file", metavar="FILE", help="sweep file, e.g. jobs/sweeps/stragglers.toml")
     p.add_argument("-n", dest="ranks", type=integer, metavar="N",
                    help="MPI ranks per member: the server and N-1 workers (default: ranks in FILE)")
-    p.add_argument("--out", metavar="DIR", help="sweep directory (default runs/sweep-<name>-<timestamp>)")
+    p.add_argument("--out", type=directory, metavar="DIR",
+                   help="sweep directory (default runs/sweep-<name>-<timestamp>)")
     p.add_argument("--dry-run", action="store_true", help="print the members' commands and exit")
     p.add_argument("--mpiexec", metavar="CMD",
                    help="launcher, e.g. 'srun --mpi=pmi2' (default: $MPIEXEC, else the mpiexec next to "
