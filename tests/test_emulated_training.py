@@ -158,6 +158,32 @@ def test_a_sweep_with_real_weights_writes_the_accuracy_table_and_figure(tmp_path
     assert "| bsp | bsp | 4 |" in table
 
 
+def test_a_sweep_over_seeds_weighs_each_seed_against_bsp_on_the_same_seed(tmp_path):
+    """Each seed's member is one look of its model's line, and its time to a target is set against
+    BSP's on its own seed: against another seed's, the ratio would mix the seeds' straggler draws."""
+    from ebsp_mpi.sim.accuracy import accuracy_rows
+    from ebsp_mpi.sim.study import run_sweep
+
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text('name = "acc"\nseeds = [0, 1]\nset = ["trace.enabled=false", "stop.iterations=0", '
+                     '"stop.epochs=0", "stop.seconds=1.5", "straggler.base_s=0.01", "straggler.spread=4", '
+                     '"eval.every_seconds=0.1", "eval.targets=[0.5]"]\n'
+                     '[[member]]\nname = "bsp"\nset = ["sync.model=bsp", "sync.workers=4"]\n'
+                     '[[member]]\nname = "asp"\nset = ["sync.model=asp", "sync.workers=4"]\n')
+    out = run_sweep(str(sweep), str(tmp_path / "out"), show_progress=False, train=True)
+    rows = {r["member"]: r for r in accuracy_rows(out)}
+    assert sorted(rows) == ["asp-seed0", "asp-seed1", "bsp-seed0", "bsp-seed1"]
+    assert [rows[m]["line"] for m in ("bsp-seed0", "bsp-seed1", "asp-seed0", "asp-seed1")] == \
+        ["bsp", "bsp", "asp", "asp"]
+    assert rows["bsp-seed0"]["t_0.5"] != rows["bsp-seed1"]["t_0.5"]  # the seeds differ, or nothing is tested
+    for seed in (0, 1):
+        asp, bsp = rows[f"asp-seed{seed}"], rows[f"bsp-seed{seed}"]
+        assert asp["seed"] == bsp["seed"] == seed
+        assert bsp["t_0.5_vs_bsp"] == 1.0
+        assert asp["t_0.5_vs_bsp"] == pytest.approx(asp["t_0.5"] / bsp["t_0.5"])
+    assert "| asp-seed1 | asp | 4 |" in (out / "accuracy.md").read_text()
+
+
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("rule", ["scale", "dc"])
 def test_the_servers_staleness_rules_are_the_emulations(rule, tmp_path):

@@ -2,8 +2,9 @@
 
 One row per member: model, workers, each worker's batch, pushes, the final test accuracy, the virtual
 time at which the evaluated accuracy first reached each of the job's targets (``eval.targets``) and
-that time against BSP's at the same number of workers; and a figure, accuracy against virtual time,
-one panel per number of workers. It reads the members' ``summary.json`` only.
+that time against BSP's at the same number of workers (and seed, in a sweep over seeds); and a
+figure, accuracy against virtual time, one panel per number of workers. It reads the members'
+``summary.json`` only.
 """
 
 from __future__ import annotations
@@ -24,19 +25,24 @@ def accuracy_rows(out_dir: Path) -> list[dict]:
     rows = []
     for name, s in summaries:
         reached = {float(k): v for k, v in (s.get("time_to_accuracy") or {}).items()}
-        rows.append({"member": name, "model": model_label(s.get("config") or {}), "sync": s["sync"],
+        rows.append({"member": name, "seed": (s.get("config") or {}).get("seed"),
+                     "model": model_label(s.get("config") or {}), "sync": s["sync"],
                      "workers": s["workers"], "batch": (s.get("config") or {}).get("data", {}).get("batch_size"),
                      "pushes": sum(s["iterations"]), "test_accuracy": s["test_accuracy"],
                      **{f"t_{t:g}": (math.nan if v is None else v) for t, v in sorted(reached.items())},
                      "evals": [(e["t"], e["test_acc"]) if isinstance(e, dict) else (e[0], e[3])
                                for e in s.get("evals") or []]})
-    # a line's name: its model, or where two members share a model and a worker count, the member
-    twins = {(r["model"], r["workers"]) for r in rows
-             if sum((o["model"], o["workers"]) == (r["model"], r["workers"]) for o in rows) > 1}
+    # a line's name: its model, or where two members share a model, a worker count and a seed, the
+    # member (one member's seeds are one line's look: the seeds' spread is what the figure shows)
+    def same(r):
+        return r["model"], r["workers"], r["seed"]
+
+    twins = {same(r) for r in rows if sum(same(o) == same(r) for o in rows) > 1}
     for r in rows:
-        r["line"] = r["member"] if (r["model"], r["workers"]) in twins else r["model"]
-    for r in rows:  # each target's time against BSP's at the same n
-        bsp = next((b for b in rows if b["sync"] == "bsp" and b["workers"] == r["workers"]), None)
+        r["line"] = r["member"] if same(r) in twins else r["model"]
+    for r in rows:  # each target's time against BSP's at the same n on the same seed
+        bsp = next((b for b in rows if b["sync"] == "bsp" and b["workers"] == r["workers"]
+                    and b["seed"] == r["seed"]), None)
         for key in [k for k in r if k.startswith("t_")]:
             r[f"{key}_vs_bsp"] = r[key] / bsp[key] if bsp and bsp.get(key) and not math.isnan(bsp[key]) \
                 else math.nan
@@ -51,7 +57,8 @@ def write_accuracy(out_dir: Path) -> None:
         writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
-    shown = [c for c in columns if c != "sync"]  # the member names the row: two of one model differ there
+    # the member names the row (two of one model differ there, and its name ends in its seed)
+    shown = [c for c in columns if c not in ("sync", "seed")]
     lines = ["| " + " | ".join(shown) + " |", "|" + "|".join("---" for _ in shown) + "|"]
     lines += ["| " + " | ".join(_cell(r.get(c)) for c in shown) + " |" for r in rows]
     (out_dir / "accuracy.md").write_text("\n".join(lines) + "\n")
