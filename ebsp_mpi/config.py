@@ -158,6 +158,9 @@ class RuntimeConfig:
                                "0: 512 KiB where every rank has a core, else 4 MiB", min=0)
     wait_free_backprop: bool = _opt(True, "push each gradient chunk as soon as the backward pass has written it "
                                           "(Poseidon's WFBP), not after the whole backward pass")
+    stream_rounds: bool = _opt(True, "BSP: apply and send back each chunk of a round once every worker of the "
+                                     "round has pushed it, while later chunks still arrive; false: once every "
+                                     "push is whole")
 
 
 @dataclass

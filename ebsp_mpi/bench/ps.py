@@ -120,9 +120,9 @@ def raw_round_trips(comm, size: int, chunks: list, iterations: int, work: Server
     A server keeps the next push's receives posted before it answers (as the runtime's do), so every
     message meets a posted receive. With `work` (one server), rank 0 also does the server's work
     between the push and the reply: it updates the parameters chunk by chunk and sends each chunk as
-    soon as it is updated, as ``ShardStore.apply_round`` does, and each worker checks its gradient for
-    NaN and Inf before it sends, as ``DenseWire.push_rest`` does. Returns
-    each iteration's seconds on a worker, nothing on a server.
+    soon as it is updated, as a BSP round does at its close (``runtime.round_stream``), and each
+    worker checks its gradient for NaN and Inf before it sends, as ``DenseWire.push_rest`` does.
+    Returns each iteration's seconds on a worker, nothing on a server.
 
     Every buffer holds data, as the runtime's do (its workers push a gradient of 1e-3). A buffer that is
     allocated zeroed and never written is backed by the kernel's one shared zero page, and a copy from

@@ -182,3 +182,12 @@ def _units_in_chunks(schedule: Schedule | None, chunks: list[Chunk]) -> dict:
             base += b - a
         unit_chunks.append(tuple(mine))
     return {"fetched": tuple(fetched), "unit_chunks": tuple(unit_chunks)}
+
+
+def worker_limits(limits, layout: Layout) -> list[int | None]:
+    """Each worker's iteration limit (None: none) as the servers apply it: under BSP with SFB layers
+    every replica applies the same rounds, so all stop at the same one."""
+    limits = list(limits)
+    if layout.sfb_bsp:
+        limits = [None if None in limits else min(limits)] * len(limits)
+    return limits

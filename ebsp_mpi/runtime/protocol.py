@@ -82,8 +82,9 @@ PUSH_FIELDS = ("iteration", "version", "loss", "injected_delay_s", "epoch", "com
 #: pull reply header: the model version of the weights that follow, 1 when the worker must stop, 1 when
 #: the worker should flush its trace (the server has written a checkpoint, which it commits once every
 #: worker's trace holds what the checkpoint counts: what a resumed run keeps of the traces is what was
-#: flushed before it)
-PULL_FIELDS = ("version", "stop", "flush")
+#: flushed before it), and 1 when a BSP round was redone: the weights came twice, the second time
+#: corrected, and the worker takes them again (``runtime.round_stream``)
+PULL_FIELDS = ("version", "stop", "flush", "redo")
 
 
 def field_index(fields: tuple[str, ...]):

@@ -36,9 +36,9 @@ from .comm import (HOUSEKEEPING_S, Context, KeepAlive, StallError, open_rank_tra
                    terminate_requested)
 from .faults import fault_for
 from .fetch import FetchServer
-from .layout import make_layout
+from .layout import make_layout, worker_limits
 from .peers import PeerServers
-from .protocol import PULL_FIELDS, PUSH, STATS_TAG, ApplyOrder, ProtocolError, ReplyOrder, RoundOrder, pack
+from .protocol import ALIVE_TAG, PULL_FIELDS, PUSH, STATS_TAG, ApplyOrder, ProtocolError, ReplyOrder, RoundOrder, pack
 from .recorder import Recorder
 from .shard import ShardStore
 
@@ -58,7 +58,8 @@ class Server:
         self.params = model.space.data
         self.policy = make_policy(job.sync, n, seed=job.seed)
         self.layout = make_layout(ctx, job, model, description.plan_doc)
-        self.store = ShardStore(ctx, job, self.params, self.layout, 0, self.policy.round_based)
+        self.store = ShardStore(ctx, job, self.params, self.layout, 0, self.policy.round_based,
+                                resume.version if resume is not None else 0)
         self.opt = self.store.opt
         self.peers = PeerServers(ctx, self.layout, job.runtime.stall_timeout_s)
         # OSDP: the workers fetch their on-demand layers from the servers that hold them
@@ -66,10 +67,8 @@ class Server:
         # evaluation, checkpoints and model.h5 read the whole model: with several servers, gathered
         self.whole = self.params if ctx.servers == 1 else np.empty_like(self.params)
         self.whole_velocity = self.opt.velocity if ctx.servers == 1 else np.empty_like(self.opt.velocity)
-        self.limits = list(description.limits)
+        self.limits = worker_limits(description.limits, self.layout)
         self.sfb_bsp = self.layout.sfb_bsp
-        if self.sfb_bsp:  # every replica applies the same rounds: all must stop at the same one
-            self.limits = [None if None in self.limits else min(self.limits)] * n
         self.coordinator = Coordinator(self.policy, self.limits, job.stop.seconds)
         self.reply_len = len(PULL_FIELDS) + (n if self.sfb_bsp else 0)  # BSP with SFB: the round's members
         self.round_mask = np.zeros(n)
@@ -126,7 +125,8 @@ class Server:
             if now >= next_housekeeping:
                 self._housekeeping(now)
                 next_housekeeping = now + HOUSEKEEPING_S
-            self.recorder.maybe_start_eval(now, self.coordinator.version, self._whole_model)
+            if not self.store.round_open:  # a streaming round's chunks are part new, part old
+                self.recorder.maybe_start_eval(now, self.coordinator.version, self._whole_model)
             if progressed:
                 backoff.reset()
             else:
@@ -142,7 +142,8 @@ class Server:
         now = self.ctx.now()
         for w in arrived.complete:
             self._on_push(w, now)
-        return arrived.parts > 0
+        streamed = self.policy.round_based and self.store.stream_ready(self.ctx.backoff(), self._while_waiting)
+        return arrived.parts > 0 or streamed
 
     def _on_push(self, w: int, t: float) -> None:
         """`w`'s push is complete here: trace it, and carry out what the coordinator decides."""
@@ -183,28 +184,33 @@ class Server:
                             self.ctx.worker_rank(action.worker))
 
     def _apply_round(self, round_: Round, t: float) -> None:
-        """BSP: the mean of the round's gradients, summed in worker order, as one optimizer step; and
-        the round's replies, each chunk sent as soon as it is updated (``ShardStore.apply_round``)."""
-        self.store.settle(self.ctx.backoff(), self._while_waiting)
+        """BSP: the mean of the round's gradients, summed in worker order, as one optimizer step; the
+        chunks not streamed yet are applied and sent now (``runtime.round_stream``), then the replies'
+        headers."""
         self.peers.order(RoundOrder(round_.members, round_.version))
+        closed = self.store.close_round(round_.members, round_.version, self.ctx.backoff(), self._while_waiting)
+        if sorted(closed.sends) != sorted(r.worker for r in round_.replies):
+            raise ProtocolError(f"the round's weights went to workers {sorted(closed.sends)}, its replies are to "
+                                f"{sorted(r.worker for r in round_.replies)}")
         self.round_mask[:] = 0.0
         self.round_mask[list(round_.members)] = 1.0  # the workers rebuild the SFB layers' mean from these
-        replies = [self._reply(reply, self.params, t, send_weights=False) for reply in round_.replies]
-        self.store.apply_round(list(round_.members), round_.version, replies)
+        for reply in round_.replies:
+            self._reply(reply, self.params, t, sent=closed.sends[reply.worker], redo=closed.redo)
         if self._checkpoint_due(t):  # between rounds is the one consistent point of BSP
             self._checkpoint(t)
 
-    def _reply(self, reply: Reply, buffer: np.ndarray, t: float, send_weights: bool = True):
-        """Answer a pull: the header and rank 0's shard from `buffer`, and the order to every other
-        server to send its shard."""
+    def _reply(self, reply: Reply, buffer: np.ndarray, t: float, sent: list | None = None, redo: bool = False):
+        """Answer a pull: the header and rank 0's shard from `buffer` (or, of a BSP round, its chunk
+        sends `sent` already on their way), and the order to every other server to send its shard."""
         w = reply.worker
         head = np.zeros(self.reply_len)
         pack(head[:len(PULL_FIELDS)], PULL_FIELDS, version=reply.version, stop=1.0 if reply.stop else 0.0,
-             flush=float(self.flush_asked[w]))
+             flush=float(self.flush_asked[w]), redo=float(redo))
         if self.sfb_bsp:
             head[len(PULL_FIELDS):] = self.round_mask
         self.flush_asked[w] = False
-        pending = self.store.reply(w, buffer, reply.stop, head, send_weights)
+        last = self.coordinator.pushes[w] + 1 >= self.coordinator.limits[w]  # its next push is its last
+        pending = self.store.reply(w, buffer, reply.stop, head, sent, last)
         self.peers.order(ReplyOrder(w, reply.stop))
         self.last_heard[w] = t
         self.alive.told(self.ctx.worker_rank(w), t)
@@ -268,17 +274,28 @@ class Server:
         statistics; anything else unmatched is a protocol error (every push and header has a receive
         posted). True when a message was taken."""
         comm, status, took = self.ctx.comm, MPI.Status(), False
-        while comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+        while True:
+            if not (comm.Iprobe(MPI.ANY_SOURCE, STATS_TAG, status) or comm.Iprobe(MPI.ANY_SOURCE, ALIVE_TAG, status)):
+                # anything else unmatched is a protocol error, but a chunk of a push whose receive is
+                # posted in its turn (a streamed round's pace, ``ShardStore.expect_push``)
+                if comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status) and status.Get_tag() not in (STATS_TAG, ALIVE_TAG) \
+                        and not self.store.paced(status.Get_source(), status.Get_tag()):
+                    raise self._unexpected(status)
+                break
             took = True
             if self.peers.take(status, self.ctx.now()):
                 continue
             w = self.ctx.worker_of(status.Get_source())
             if status.Get_tag() != STATS_TAG or w not in self.coordinator.left or self.stats[w] is not None:
-                raise ProtocolError(f"unexpected message from rank {status.Get_source()} with tag "
-                                    f"{status.Get_tag()} ({status.Get_count(MPI.BYTE)} bytes)")
+                raise self._unexpected(status)
             self.stats[w] = comm.recv(source=status.Get_source(), tag=STATS_TAG)
             self._flushed(w)  # a worker reports once it has closed its trace
         return took
+
+    @staticmethod
+    def _unexpected(status: MPI.Status) -> ProtocolError:
+        return ProtocolError(f"unexpected message from rank {status.Get_source()} with tag {status.Get_tag()} "
+                             f"({status.Get_count(MPI.BYTE)} bytes)")
 
     def _collect_stats(self) -> list[dict]:
         """Every worker's and server's statistics, waiting for those not taken yet by polling, as the
@@ -386,7 +403,7 @@ class Server:
             + [s["bytes"] for s in stats], osdp=self._osdp(stats))
         self.recorder.record.write_summary(summary)
         self.trace.set_attrs(rejected_pushes=self.coordinator.rejected, hybrid=self.layout.hybrid_plan,
-                             bytes=self.store.bytes.as_dict())
+                             bytes=self.store.bytes.as_dict(), redone_rounds=self.store.redone_rounds)
         self.trace.close()
         return summary
 

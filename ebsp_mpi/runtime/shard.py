@@ -22,7 +22,6 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import build
-from ..nn.average import round_mean
 from ..nn.factors import rebuild_gradient
 from ..nn.kernels import all_finite
 from ..nn.staleness import StalenessRule
@@ -30,6 +29,14 @@ from ..nn.versions import VersionStore
 from .comm import JobFailure
 from .hybrid import PS, SFB, ByteCounter, Stacked
 from .protocol import CHUNK_TAG0, PULL_TAG, PUSH, PUSH_FIELDS, PUSH_TAG, ProtocolError, Shard, header
+from .round_stream import ClosedRound, RoundStream
+
+
+#: ShardStore.part_kind of a push's parts that are no chunk: an SFB layer's factors, the header
+SFB_PART, HEADER_PART = -1, -2
+#: a streamed BSP round: the bytes of each worker's push whose receives are posted ahead, in chunks
+#: (at least 2): enough to cover a link's queue (expect_push)
+PACE_BYTES = 2 << 20
 
 
 class Arrivals(NamedTuple):
@@ -74,10 +81,12 @@ class ShardStore:
     server : int
         This server's rank.
     round_based : bool
-        The sync policy applies rounds (BSP).
+        The sync policy applies rounds (BSP), streamed chunk by chunk (``runtime.round_stream``).
+    version : int
+        The model version the run goes on from (0, or a checkpoint's): a round's learning rate.
     """
 
-    def __init__(self, ctx, job, params: np.ndarray, layout, server: int, round_based: bool):
+    def __init__(self, ctx, job, params: np.ndarray, layout, server: int, round_based: bool, version: int = 0):
         shard: Shard = layout.shards[server]
         self.ctx, self.shard, self.n = ctx, shard, ctx.workers
         self.params = params
@@ -104,6 +113,13 @@ class ShardStore:
         self.round_based = round_based
         self.mean_buf = np.empty_like(params) if round_based else None  # a round's mean
         self._make_receives(ctx, self.pushed_chunks)
+        self.stream = RoundStream(self, version, job.runtime.stream_rounds) if round_based else None
+        # a streamed round paces the pushes: see expect_push
+        self.pace = max(2, PACE_BYTES // layout.chunk_bytes) if self.stream is not None and self.stream.early else None
+        self.send_order = _send_order(self.pushed_chunks, layout, job.runtime.wait_free_backprop)
+        self.posted = np.zeros(self.n, dtype=np.int64)  # per worker, its push's chunks with a receive posted
+        self.turn = np.argsort(self.send_order)  # each pushed chunk's place in the send order
+        self.chunk_of_tag = {c.tag: j for j, c in enumerate(self.pushed_chunks)}
         self.replies: list[PendingReply] = []
         self.current: np.ndarray | None = None  # the snapshot replies go out from until the shard changes
         self.free_snapshots: list[np.ndarray] = []  # neither current nor sent by a reply in flight
@@ -143,6 +159,10 @@ class ShardStore:
             self.recvs.append(ctx.comm.Recv_init([self.headers[w], MPI.DOUBLE], ctx.worker_rank(w), PUSH_TAG))
             self.part_of.append((w, len(PUSH_FIELDS), MPI.DOUBLE, None, None, None))
         self.parts = len(self.recvs) // n
+        # per request, for a streamed round: the pushed chunk's index, SFB_PART or HEADER_PART
+        index = {c.tag - CHUNK_TAG0: j for j, c in enumerate(pushed)}
+        self.part_kind = [index[what] if scheme == PS else SFB_PART if scheme == SFB else HEADER_PART
+                          for _, _, _, _, what, scheme in self.part_of]
         self.arrivals_of_part = [0] * len(self.part_of)
         self.statuses = [MPI.Status() for _ in self.recvs]
         self.missing = np.zeros(n, dtype=np.int64)  # parts of the current push not yet arrived
@@ -150,9 +170,38 @@ class ShardStore:
     # -- pushes ---------------------------------------------------------------------------------
 
     def expect_push(self, w: int) -> None:
-        """Post the receives of `w`'s next push (before `w` can send it: with its pull reply)."""
+        """Post the receives of `w`'s next push (before `w` can send it: with its pull reply).
+
+        A streamed BSP round posts the chunks' receives :data:`PACE_BYTES` ahead, in the order the
+        workers send them, one more for every worker each time a chunk is in from all of them. A large
+        message moves only once its receive is posted (MPI's rendezvous), so the workers' pushes share
+        the server's link chunk by chunk: without it one worker's push came in whole while another's
+        first chunk waited, and the round's first chunk, with it the replies, started late."""
         self.missing[w] = self.parts
-        MPI.Prequest.Startall(self.recvs[w * self.parts:(w + 1) * self.parts])
+        first = w * self.parts
+        if self.pace is None:
+            MPI.Prequest.Startall(self.recvs[first:first + self.parts])
+            return
+        chunks = len(self.pushed_chunks)
+        ahead = [first + j for j in self.send_order[:self.pace]]
+        MPI.Prequest.Startall([self.recvs[i] for i in ahead] + self.recvs[first + chunks:first + self.parts])
+        self.posted[w] = len(ahead)
+
+    def paced(self, source: int, tag: int) -> bool:
+        """A message from rank `source` with `tag` is a chunk of a push whose receive is posted in its
+        turn (:meth:`expect_push`), not yet."""
+        if self.pace is None or source < self.ctx.servers:
+            return False
+        w, j = self.ctx.worker_of(source), self.chunk_of_tag.get(tag)
+        return j is not None and bool(self.stream.expected[w]) and self.turn[j] >= self.posted[w]
+
+    def _post_next_chunk(self) -> None:
+        """A chunk is in from every worker of the round: post the next chunk's receive for each."""
+        order = self.send_order
+        for w in np.flatnonzero(self.stream.expected):
+            if self.posted[w] < len(order):
+                self.recvs[w * self.parts + order[self.posted[w]]].Start()
+                self.posted[w] += 1
 
     def take_parts(self, last_heard: np.ndarray | None = None, now: float = 0.0) -> Arrivals:
         """Take the parts of pushes that have arrived (:class:`Arrivals`). With `last_heard` (the
@@ -167,12 +216,24 @@ class ShardStore:
                                     f"{self.statuses[k].Get_tag()} has {count} values, expected {expected}")
             if piece is not None:
                 self.arrivals_of_part[i] += 1
+            if self.stream is not None:
+                self._streamed_part(w, i)
             if last_heard is not None:
                 last_heard[w] = now
             self.missing[w] -= 1
             if self.missing[w] == 0:
                 complete.append(w)
+                if self.stream is not None:
+                    self.stream.push_in(w)
         return Arrivals(len(done or ()), complete)
+
+    def _streamed_part(self, w: int, i: int) -> None:
+        kind = self.part_kind[i]
+        if kind >= 0:
+            if self.stream.chunk_in(kind) and self.pace is not None:
+                self._post_next_chunk()
+        elif kind == HEADER_PART:
+            self.stream.header_in(w, bool(self.headers[w][PUSH.finite]))
 
     def rejected(self, w: int, iteration: int) -> bool:
         """Whether `w`'s complete push (its `iteration`-th) is rejected: its header says some value was
@@ -239,30 +300,27 @@ class ShardStore:
             self.versions.changing(self.versions.version + 1)
         self.opt.step(self.shard_view, step, lr, offset=lo)
 
-    def apply_round(self, members: list[int], version: int, replies: list[PendingReply]) -> None:
-        """BSP: the mean of the `members`' gradients, summed in worker order, as one optimizer step at
-        the learning rate of `version`; each chunk of the new weights goes to the `replies` as soon as
-        it is updated (a worker copies chunk k while this rank updates chunk k+1). Per element the
-        arithmetic is that of one step over the whole buffer. With no members (every push of the
-        round was rejected) the weights stay as they are."""
-        lr = self.lr_at(version)
-        self._shard_changes()
-        if members:
-            for a in self.sfb:  # rebuilt from the members' factors in worker order (one GEMM)
-                V, U = self.factors.of(a, members)
-                rebuild_gradient(V, U, self.mean_buf[a.params].reshape(a.d_in, a.d_out), scale=1.0 / len(members))
-                self.opt.step(self.params[a.params], self.mean_buf[a.params], lr, offset=a.offset)
-        comm, params = self.ctx.comm, self.params
-        to = [(r.requests, self.ctx.worker_rank(r.worker)) for r in replies]
-        for c in self.pushed_chunks:
-            if members:
-                mean = round_mean([self.grads[w][c.start:c.stop] for w in members], self.mean_buf[c.start:c.stop])
-                self.opt.step(params[c.start:c.stop], mean, lr, offset=c.start)
-            if c.tag - CHUNK_TAG0 in self.fetched:
-                continue  # an on-demand unit's: fetched when used, not sent with the reply
-            for requests, rank in to:
-                requests.append(comm.Isend([params[c.start:c.stop], MPI.FLOAT], rank, c.tag))
-            self._count_sent(c, len(to))
+    @property
+    def round_open(self) -> bool:
+        """A BSP round streams: some of its chunks are applied, others not yet."""
+        return self.stream is not None and self.stream.open
+
+    @property
+    def redone_rounds(self) -> int:
+        """BSP rounds redone, their weights sent twice (``runtime.round_stream``)."""
+        return self.stream.redone if self.stream is not None else 0
+
+    def stream_ready(self, backoff, on_idle) -> bool:
+        """BSP: apply and send the chunks of the open round that every worker of it has pushed
+        (``round_stream``); True when any was."""
+        return self.stream.apply_ready(lambda: self.settle(backoff, on_idle))
+
+    def close_round(self, members, version: int, backoff, on_idle) -> ClosedRound:
+        """BSP: the round closes with `members` at `version` (the mean of their gradients, summed in
+        worker order, as one optimizer step, at the learning rate of `version`; no step without
+        members); returns each recipient's chunk sends, which its reply joins (:meth:`reply`). Per
+        element the arithmetic is that of one step over the whole buffer."""
+        return self.stream.close(members, version, lambda: self.settle(backoff, on_idle), backoff, on_idle)
 
     # -- pull replies ---------------------------------------------------------------------------
 
@@ -277,12 +335,23 @@ class ShardStore:
         the other servers' replies alike), and it is written again only once it is neither current
         nor sent by a reply in flight.
         """
-        if self.round_based:
-            return self.params
+        if self.round_based:  # while a round streams, a (stop) reply sends the weights before it
+            return self.params if not self.stream.open else self.before_round(self.params)
         if self.current is None:
             self.current = self.free_snapshots.pop() if self.free_snapshots else np.empty_like(self.params)
             np.copyto(self.current[self.lo:self.hi], self.params[self.lo:self.hi])
         return self.current
+
+    def before_round(self, array: np.ndarray) -> np.ndarray:
+        """A buffer like `array` (the weights or the momentum) whose shard is as it was before the open
+        BSP round (as it is, outside one or under another policy)."""
+        out = np.empty_like(array)
+        if self.stream is not None and self.stream.open:
+            undo = self.stream.undo_params if array is self.params else self.stream.undo_velocity
+            out[self.lo:self.hi] = self.stream.before_round(array, undo, self.lo, self.hi)
+        else:
+            out[self.lo:self.hi] = array[self.lo:self.hi]
+        return out
 
     def _shard_changes(self) -> None:
         """The shard is about to change: the current snapshot stops being current, and is free once no
@@ -292,24 +361,33 @@ class ShardStore:
             self._free_if_unused(snapshot)
 
     def _free_if_unused(self, snapshot: np.ndarray) -> None:
+        if self.round_based:  # a stop reply's copy of the weights before a round: not kept for reuse
+            return
         if snapshot is not self.current and all(r.snapshot is not snapshot for r in self.replies):
             self.free_snapshots.append(snapshot)
 
     def reply(self, w: int, buffer: np.ndarray, stop: bool, head: np.ndarray | None = None,
-              send_weights: bool = True) -> PendingReply:
-        """Answer `w`'s pull: post the receives of its next push (unless `stop`), send `head` (rank 0's
-        reply header) and, unless the caller streams them (:meth:`apply_round`), this shard's weights
-        from `buffer`. A worker's first reply holds every tensor; later ones leave out BSP's SFB layers."""
+              sent: list | None = None, last: bool = False) -> PendingReply:
+        """Answer `w`'s pull: post the receives of its next push (unless `stop`; `last`: that push will
+        be its last), send `head` (rank 0's reply header) and this shard's weights from `buffer`, unless
+        a BSP round sent them already (`sent`: those sends, :meth:`close_round`). A worker's first reply
+        holds every tensor; later ones leave out BSP's SFB layers."""
         if not stop:
             self.expect_push(w)
+            if self.stream is not None:
+                self.stream.expect(w, last)
+        elif self.stream is not None and sent is None:  # a stop reply before its round closes
+            self.stream.answer(w)
         if self.versions is not None:
             self._hold(w, stop)
         comm, rank = self.ctx.comm, self.ctx.worker_rank(w)
-        requests = [] if head is None else [comm.Isend([head, MPI.DOUBLE], rank, PULL_TAG)]
-        if send_weights:
+        requests = list(sent or ())
+        if head is not None:
+            requests.append(comm.Isend([head, MPI.DOUBLE], rank, PULL_TAG))
+        if sent is None:
             for c in self.reply_chunks if self.pulled[w] else self.first_chunks:
                 requests.append(comm.Isend([buffer[c.start:c.stop], MPI.FLOAT], rank, c.tag))
-                self._count_sent(c)
+                self.count_sent(c)
         self.pulled[w] = True
         reply = PendingReply(w, requests, buffer, head)
         self.replies.append(reply)
@@ -324,7 +402,7 @@ class ShardStore:
         if not stop:
             self.versions.hold(self.versions.version)
 
-    def _count_sent(self, c, n: int = 1) -> None:
+    def count_sent(self, c, n: int = 1) -> None:
         sends = self.sends_of_chunk.get(c.tag)
         if sends is None:
             sends = self.sends_of_chunk[c.tag] = [0, c.size * self.params.itemsize]
@@ -385,3 +463,22 @@ class ShardStore:
         """The workers whose replies are still sending."""
         return [r.worker for r in self.replies]
 
+
+def _send_order(chunks, layout, wait_free: bool) -> list[int]:
+    """The indices of `chunks` in the order a worker sends them: with wait-free backprop, a tensor's
+    chunks as the backward pass makes it final, the last layer's first (tensors lie in the buffer in
+    forward order), and the chunks that join small tensors after the backward pass
+    (``wire_dense.DenseWire``); without it, in buffer order."""
+    if not wait_free:
+        return list(range(len(chunks)))
+    start = {}  # each tensor's first element among the chunks of it alone
+    for c in layout.chunks:
+        parts = layout.parts(c.tag - CHUNK_TAG0)
+        if len(parts) == 1:
+            start[parts[0][0]] = min(start.get(parts[0][0], c.start), c.start)
+
+    def key(j: int):
+        c = chunks[j]
+        parts = layout.parts(c.tag - CHUNK_TAG0)
+        return (1, 0, c.start) if len(parts) > 1 else (0, -start[parts[0][0]], c.start)
+    return sorted(range(len(chunks)), key=key)

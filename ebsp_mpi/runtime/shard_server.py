@@ -23,7 +23,7 @@ from ..sync.registry import make_policy
 from .comm import HOUSEKEEPING_S, Context, KeepAlive, Silence, open_rank_trace, wait_all
 from .faults import fault_for
 from .fetch import FetchServer
-from .layout import make_layout
+from .layout import make_layout, worker_limits
 from .protocol import (ALIVE_TAG, ORDER_TAG, ORDER_WIDTH, SNAP_TAG, STATS_TAG, ApplyOrder, EndOrder, ProtocolError,
                        ReplyOrder, RoundOrder, SnapshotOrder, decode_orders)
 from .shard import ShardStore
@@ -42,7 +42,9 @@ class ShardServer:
         self.layout = make_layout(ctx, job, model, description.plan_doc)
         # rank 0 alone runs the policy; this server only needs to know whether it applies rounds
         round_based = make_policy(job.sync, ctx.workers, seed=job.seed).round_based
-        self.store = ShardStore(ctx, job, self.params, self.layout, ctx.rank, round_based)
+        self.store = ShardStore(ctx, job, self.params, self.layout, ctx.rank, round_based,
+                                resume.version if resume is not None else 0)
+        self.limits = [float("inf") if lim is None else lim for lim in worker_limits(description.limits, self.layout)]
         # OSDP: its part of the on-demand layers, fetched by the workers
         self.fetches = FetchServer(ctx, self.layout, self.params, self.store.bytes) if self.layout.schedule else None
         if resume is not None:  # this shard of the checkpoint's parameters and optimizer state
@@ -61,6 +63,7 @@ class ShardServer:
         self.alive_buf = np.zeros(1)
         self.alive_recv = ctx.comm.Recv_init([self.alive_buf, MPI.DOUBLE], 0, ALIVE_TAG)
         self.sends: list = []  # snapshots in flight, with their buffers
+        self.round_sends: dict[int, list] = {}  # BSP: the closed round's chunk sends, until its replies
         self.alive = KeepAlive(ctx.comm, job.runtime.stall_timeout_s)  # to rank 0, while no order comes
         self.ended = False
         self.trace = open_rank_trace(ctx, job, run_dir, role="server", backend="numpy", device="cpu",
@@ -80,6 +83,8 @@ class ShardServer:
             arrived = self.store.take_parts()  # the workers are not watched here: rank 0 watches them
             self.complete[arrived.complete] = True
             progressed = arrived.parts > 0
+            if self.store.stream is not None:
+                progressed |= self.store.stream_ready(backoff, _nothing)
             if self._take_orders():
                 scheduler.heard()
                 progressed = True
@@ -124,12 +129,12 @@ class ShardServer:
                     break
                 self.store.apply(order.worker, order.version)
             elif kind is RoundOrder:
-                if not all(self.complete[w] for w in order.members):
+                if not self.store.stream.all_in:  # the round's headers say which pushes are its members
                     break
                 for w in order.members:
                     self._take_push(w)
-                self.store.settle(self.ctx.backoff(), lambda: None)
-                self.store.apply_round(list(order.members), order.version, [])
+                closed = self.store.close_round(order.members, order.version, self.ctx.backoff(), _nothing)
+                self.round_sends = closed.sends
             elif kind is ReplyOrder:
                 if self.outstanding[order.worker] and not self.complete[order.worker]:
                     break
@@ -166,15 +171,20 @@ class ShardServer:
             elif not stop:
                 raise ProtocolError(f"rank 0 ordered a reply to worker {w} before its push {int(self.pushes[w])} "
                                     f"was applied")
-        self.store.reply(w, self.store.reply_buffer(), stop)
+        last = self.pushes[w] + 1 >= self.limits[w]  # its next push is its last
+        if w in self.round_sends:  # the round's reply: its weights are on their way
+            self.store.reply(w, self.params, stop, sent=self.round_sends.pop(w), last=last)
+        else:
+            self.store.reply(w, self.store.reply_buffer(), stop, last=last)
         if not stop:
             self.outstanding[w] = True
 
     def _send_snapshot(self, with_velocity: bool) -> None:
         lo, hi = self.store.lo, self.store.hi
-        parts = [self.params[lo:hi].copy()]
+        # as of rank 0's order: a BSP round that streams here already is not in it
+        parts = [self.store.before_round(self.params)[lo:hi]]
         if with_velocity:
-            parts.append(self.store.opt.velocity[lo:hi].copy())
+            parts.append(self.store.before_round(self.store.opt.velocity)[lo:hi])
         for part in parts:
             self.sends.append((self.ctx.comm.Isend([part, MPI.FLOAT], 0, SNAP_TAG), part))
 
@@ -193,3 +203,7 @@ class ShardServer:
         self.trace.close()
         wait_all([self.ctx.comm.isend(stats, dest=0, tag=STATS_TAG)], self.ctx.backoff())
         return stats
+
+
+def _nothing() -> None:
+    """Nothing to do while a shard server waits for its own sends (rank 0 watches the workers)."""

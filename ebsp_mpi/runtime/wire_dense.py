@@ -175,6 +175,14 @@ class DenseWire:
         MPI.Prequest.Startall(self.later.requests)
         return self.later
 
+    def post_redo(self) -> Requests:
+        """Post the receives of a redone BSP round's corrected weights (``runtime.round_stream``): the
+        reply's chunks again, no header; counted as one more pull."""
+        again = Requests(self.later.requests[1:], self.later.ranks[1:])
+        MPI.Prequest.Startall(again.requests)
+        self.pulls_done[False] += 1
+        return again
+
     def start_first_pull(self) -> Requests:
         """Post the receives of the initial weights, every held tensor."""
         MPI.Prequest.Startall(self.first.requests)

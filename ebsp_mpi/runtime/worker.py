@@ -146,6 +146,9 @@ class Worker:
         self.t_push = self.ctx.now()
         while True:
             self._wait_naming(pull.requests, pull.ranks, backoff, server)
+            if self.dense.pull_header[PULL.redo]:  # a BSP round was redone: its corrected weights follow
+                again = self.dense.post_redo()
+                self._wait_naming(again.requests, again.ranks, backoff, server)
             t_start = self.ctx.now()
             if self._take_reply(pull.first, t_start):
                 break
