@@ -197,6 +197,27 @@ def test_a_run_known_by_its_summary_alone_has_its_servers_beside_its_workers(tmp
 # -- metrics -------------------------------------------------------------------------------------
 
 
+def test_a_slow_link_is_named_the_straggler_as_a_slow_cpu_is(tmp_path):
+    """Under BSP every worker iterates at one rate and computes alike here: worker 2 is slow only in
+    moving its push and reply (its link), the others wait at the server for it. The straggler is the
+    worker whose iterations take longest but for the server's holds, not the one that computes longest."""
+    import pandas as pd
+
+    rounds, period = 20, 0.030
+    it, pulls = [], []
+    for w in range(3):
+        own = 0.028 if w == 2 else 0.012  # compute 10 ms (worker 0 a little more) + its transfers
+        for i in range(rounds):
+            t = i * period
+            it.append(dict(worker=w, iteration=i, t_start=t, t_end=t + period, compute_s=0.0101 if w == 0 else 0.010,
+                           delay_s=0.0))
+            pulls.append(dict(worker=w, t_request=t + own - 0.001, t_reply=t + period - 0.001))
+    frames = RunFrames(path=tmp_path, tables={"iterations": pd.DataFrame(it), "pulls": pd.DataFrame(pulls)})
+    assert metrics.slowest_worker(frames) == 2
+    frames.tables["pulls"] = pd.DataFrame(columns=["worker", "t_request", "t_reply"])  # no server trace
+    assert metrics.slowest_worker(frames) == 0  # then the longest compute
+
+
 def test_worker_stats_rates_and_waiting(tmp_path):
     make_run(tmp_path / "bsp", "bsp", rounds=10)
     run = load_run(tmp_path / "bsp")

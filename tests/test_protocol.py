@@ -3,6 +3,7 @@ posted for; without MPI running."""
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 from ebsp_mpi.nn import build_model
 from ebsp_mpi.runtime import protocol
@@ -22,8 +23,8 @@ def test_headers_are_written_and_read_by_field_name():
     assert head[PUSH.flushed] == 0.0
     assert (head[PUSH.injected_delay_s], head[PUSH.epoch]) == (0.01, 1.5)
     reply = header(PULL_FIELDS)
-    pack(reply, PULL_FIELDS, stop=1.0, flush=0.0, version=9)
-    assert (reply[PULL.version], reply[PULL.stop], reply[PULL.flush]) == (9, 1.0, 0.0)
+    pack(reply, PULL_FIELDS, stop=1.0, flush=0.0, version=9, redo=1.0)
+    assert (reply[PULL.version], reply[PULL.stop], reply[PULL.flush], reply[PULL.redo]) == (9, 1.0, 0.0, 1.0)
 
 
 def test_a_missing_or_unknown_header_field_is_an_error():
@@ -104,26 +105,31 @@ class _Inbox:
         self.messages = list(messages)
 
     def Iprobe(self, source, tag, status):
-        if not self.messages:
+        found = [m for m in self.messages if tag in (MPI.ANY_TAG, m[1])]
+        if not found:
             return False
-        status.Set_source(self.messages[0][0])
-        status.Set_tag(self.messages[0][1])
+        status.Set_source(found[0][0])
+        status.Set_tag(found[0][1])
         return True
 
     def recv(self, source, tag):
-        assert (source, tag) == self.messages[0][:2]
-        return self.messages.pop(0)[2]
+        found = [m for m in self.messages if m[:2] == (source, tag)]
+        assert found, (source, tag)
+        self.messages.remove(found[0])
+        return found[0][2]
 
 
-def _server_with(inbox, left):
+def _server_with(inbox, left, paced=()):
     from types import SimpleNamespace
 
     from ebsp_mpi.runtime.peers import PeerServers
 
     ctx = SimpleNamespace(comm=inbox, servers=1, worker_of=lambda rank: rank - 1, now=lambda: 0.0)
     flushed = []  # the workers whose traces are closed, in the order their statistics came
+    store = SimpleNamespace(paced=lambda source, tag: (source, tag) in paced)
     return SimpleNamespace(ctx=ctx, coordinator=SimpleNamespace(left=set(left)), stats=[None, None],
-                           peers=PeerServers(ctx, None, 60.0), flushed=flushed, _flushed=flushed.append)
+                           peers=PeerServers(ctx, None, 60.0), flushed=flushed, _flushed=flushed.append,
+                           store=store)
 
 
 def test_the_server_takes_the_statistics_of_stopped_workers():
@@ -147,6 +153,21 @@ def test_the_server_rejects_any_other_unmatched_message(tag, left, taken):
     server.stats[0] = taken
     with pytest.raises(ProtocolError, match=f"unexpected message from rank 1 with tag {tag}"):
         Server._take_other_messages(server)
+
+
+def test_a_chunk_whose_receive_is_posted_in_its_turn_is_no_error_nor_hides_statistics():
+    """A streamed BSP round posts its chunks' receives in turn (``ShardStore.expect_push``): such a
+    chunk waits unmatched, and a worker's statistics behind it are still taken."""
+    from ebsp_mpi.runtime.server import Server
+
+    chunk = (2, CHUNK_TAG0 + 3)
+    server = _server_with(_Inbox((*chunk, None), (1, STATS_TAG, {"iterations": 8})), {0}, {chunk})
+    assert Server._take_other_messages(server) is True
+    assert server.stats == [{"iterations": 8}, None]
+    assert Server._take_other_messages(server) is False
+    stray = _server_with(_Inbox((2, CHUNK_TAG0 + 3, None)), {0})  # the same chunk, not paced: an error
+    with pytest.raises(ProtocolError, match=f"unexpected message from rank 2 with tag {CHUNK_TAG0 + 3}"):
+        Server._take_other_messages(stray)
 
 
 def test_replies_in_flight_are_told_apart_by_identity():

@@ -55,15 +55,24 @@ def worker_stats(frames: RunFrames) -> pd.DataFrame:
 
 
 def slowest_worker(frames: RunFrames) -> int | None:
-    """The straggler: the worker whose iterations compute longest (median of compute + injected delay).
+    """The straggler: the worker whose iterations take longest but for the time the sync model held its
+    pulls at the server. That is its compute, its injected delay and the transfer of its pushes and
+    replies, so a slow link shows as a slow CPU does; without the server's ``pulls`` table, its compute
+    and injected delay (median).
 
-    Compute time does not depend on the sync model, so this names the same worker in every run of a
-    sweep, unlike the iteration rate (equal for all workers under BSP).
+    None of it depends on the sync model, so this names the same worker in every run of a sweep,
+    unlike the iteration rate (equal for all workers under BSP).
     """
     it = frames.table("iterations")
     if it.empty:
         return None
-    return int((it["compute_s"] + it["delay_s"]).groupby(it["worker"]).median().idxmax())
+    pulls = frames.table("pulls")
+    if pulls.empty:
+        return int((it["compute_s"] + it["delay_s"]).groupby(it["worker"]).median().idxmax())
+    g = it.groupby("worker")
+    busy = (it["t_end"] - it["t_start"]).groupby(it["worker"]).sum()
+    held = (pulls["t_reply"] - pulls["t_request"]).groupby(pulls["worker"]).sum()  # the first pull holds 0
+    return int(((busy - held.reindex(busy.index, fill_value=0.0)) / g.size()).idxmax())
 
 
 def accuracy_curve(frames: RunFrames) -> pd.DataFrame:

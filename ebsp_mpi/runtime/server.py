@@ -280,22 +280,17 @@ class Server:
                 # posted in its turn (a streamed round's pace, ``ShardStore.expect_push``)
                 if comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status) and status.Get_tag() not in (STATS_TAG, ALIVE_TAG) \
                         and not self.store.paced(status.Get_source(), status.Get_tag()):
-                    raise self._unexpected(status)
+                    raise unexpected_message(status)
                 break
             took = True
             if self.peers.take(status, self.ctx.now()):
                 continue
             w = self.ctx.worker_of(status.Get_source())
             if status.Get_tag() != STATS_TAG or w not in self.coordinator.left or self.stats[w] is not None:
-                raise self._unexpected(status)
+                raise unexpected_message(status)
             self.stats[w] = comm.recv(source=status.Get_source(), tag=STATS_TAG)
             self._flushed(w)  # a worker reports once it has closed its trace
         return took
-
-    @staticmethod
-    def _unexpected(status: MPI.Status) -> ProtocolError:
-        return ProtocolError(f"unexpected message from rank {status.Get_source()} with tag {status.Get_tag()} "
-                             f"({status.Get_count(MPI.BYTE)} bytes)")
 
     def _collect_stats(self) -> list[dict]:
         """Every worker's and server's statistics, waiting for those not taken yet by polling, as the
@@ -418,3 +413,9 @@ def stop_text(limits: list[int | None], seconds: float) -> str:
     if seconds > 0:
         parts.append(f"{seconds:g} s")
     return "stop at " + " or ".join(parts) if parts else "no stop but a signal"
+
+
+def unexpected_message(status: MPI.Status) -> ProtocolError:
+    """The error for a message no receive was posted for: its source, tag and size."""
+    return ProtocolError(f"unexpected message from rank {status.Get_source()} with tag {status.Get_tag()} "
+                         f"({status.Get_count(MPI.BYTE)} bytes)")
