@@ -161,6 +161,7 @@ def test_without_streaming_every_chunk_waits_for_the_close():
 
 @pytest.mark.timeout(300)
 @pytest.mark.slow
+@pytest.mark.mpi_impl
 def test_a_round_redone_after_a_nan_push_equals_the_round_never_streamed(tmp_path):
     """Worker 1's poisoned pushes (NaN, one per epoch) go out chunk by chunk during its backward pass,
     their header only after its injected delay: the server streams the round's chunks with the NaN
