@@ -148,6 +148,15 @@ def test_a_worker_stopping_by_its_limit_gets_no_streamed_chunk():
         assert sorted(closed.sends) == ([0, 1] if answered else [0, 1, 2])
 
 
+def test_a_worker_cannot_join_a_round_whose_chunks_are_arriving():
+    store, _ = _store()
+    stream = RoundStream(store, version=0)
+    stream.expect(0, last=False)
+    stream.chunk_in(0)  # with one worker expected, chunk 0 would be complete: a second may not join now
+    with pytest.raises(ProtocolError, match="joins a round"):
+        stream.expect(1, last=False)
+
+
 def test_without_streaming_every_chunk_waits_for_the_close():
     store, comm = _store()
     stream = RoundStream(store, version=0, early=False)

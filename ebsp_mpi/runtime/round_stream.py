@@ -90,7 +90,11 @@ class RoundStream:
     # -- what arrives -----------------------------------------------------------------------------
 
     def expect(self, w: int, last: bool) -> None:
-        """`w` is in the next round (its reply is going out); `last`: its push will be its last."""
+        """`w` is in the next round (its reply is going out); `last`: its push will be its last. Every
+        worker of a round is expected before any of its chunks is taken in: the replies that open a
+        round go out together (rank 0's in one decision, the other servers' in one order message)."""
+        if self.arrived.any():
+            raise ProtocolError(f"worker {w} joins a round whose chunks are arriving already")
         if not self.expected[w]:
             self.due += 1
         self.expected[w], self.last[w] = True, last
