@@ -312,9 +312,9 @@ def main(argv=None, records: list | None = None) -> int:
     except RuntimeError as e:
         print(f"bench cluster: {e}", file=sys.stderr)
         return 1
-    except Stopped as e:
-        print(f"bench cluster: stopped by {e}; every run and the cluster ended", file=sys.stderr)
-        return 1
+    except (Stopped, KeyboardInterrupt) as e:
+        print(f"bench cluster: stopped by {str(e) or 'Ctrl-C'}; every run and the cluster ended", file=sys.stderr)
+        return 130 if isinstance(e, KeyboardInterrupt) else 1
     finally:
         for s, h in handlers.items():
             signal.signal(s, h)
