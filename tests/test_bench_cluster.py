@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from ebsp_mpi.bench.cluster_figures import (barrier_times, busiest_link, link_bytes, median_round, model_bytes,
-                                            summarize, table_lines)
+                                            phase_lines, round_phases, summarize, table_lines)
 from ebsp_mpi.bench.cluster_plan import placement, rate_bytes
 from ebsp_mpi.errors import UsageError
 from mpirun import child_env
@@ -102,6 +102,23 @@ def test_a_round_ends_with_its_last_push_and_the_warm_up_is_left_out():
     assert median_round(ends, warmup=1) == 0.75    # 1.0, 0.5
     with pytest.raises(ValueError, match="no round after a warm-up of 3"):
         median_round(ends, warmup=3)
+
+
+def test_a_round_splits_into_the_replies_then_the_pushes():
+    # barriers at 1, 3, 5, 7; worker 0 has its replies 0.5 s after each, worker 1 1.2 s after; each
+    # computes 0.1 s (0.2 s in the warm-up round): replies take 1.2 s, the next pushes 0.8 s
+    ends = [1.0, 3.0, 5.0, 7.0]
+    w0 = {"t_start": [0.0, 1.5, 3.5, 5.5], "t_compute_end": [0.2, 1.6, 3.6, 5.6], "t_end": [1.5, 3.5, 5.5, 7.5]}
+    w1 = {"t_start": [0.0, 2.2, 4.2, 6.2], "t_compute_end": [0.2, 2.3, 4.3, 6.3], "t_end": [2.2, 4.2, 6.2, 8.2]}
+    phases = round_phases(ends, [w0, w1], warmup=1)
+    assert phases == pytest.approx({"reply_s": 1.2, "push_s": 0.8, "compute_s": 0.1})
+    with pytest.raises(ValueError, match="leave none"):
+        round_phases(ends, [w0, w1], warmup=3)
+    rows = [{"rate": "1gbit", "placement": "colocated", "round_s": 2.0, "bound_s": 1.0, **phases},
+            {"rate": "1gbit", "placement": "ddp", "round_s": 2.0, "bound_s": 1.0, "reply_s": None}]
+    lines = phase_lines(rows)
+    assert len(lines) == 3 and lines[2].split() == ["1gbit", "colocated", "2.0000", "1.2000", "0.8000", "0.1000",
+                                                    "0.5000"]
 
 
 def test_model_bytes_from_the_shards():

@@ -32,7 +32,8 @@ from pathlib import Path
 from ..errors import UsageError
 from ..helptext import plain
 from ..safe_text import integer, number
-from .cluster_figures import barrier_times, busiest_link, link_bytes, median_round, model_bytes, summarize, table_lines
+from .cluster_figures import (barrier_times, busiest_link, link_bytes, median_round, model_bytes, phase_lines,
+                              round_phases, summarize, table_lines)
 from .cluster_plan import Placement, placement, rate_bytes
 from .report import record
 
@@ -147,8 +148,11 @@ def run_ours(cluster: Cluster, where: Placement, overrides: list[str], out: Path
                       "sent": sum(c["sent"] for c in counts.values()),
                       "received": sum(c["received"] for c in counts.values())})
     pushes = traces[0].table("pushes")
+    ends = barrier_times(pushes["iteration"], pushes["t"])
     rounds = min(summary["iterations"])
-    return {"round_s": median_round(barrier_times(pushes["iteration"], pushes["t"]), args.warmup),
+    return {"round_s": median_round(ends, args.warmup),
+            **round_phases(ends, [t.table("iterations") for t in traces.values() if t.attrs["role"] == "worker"],
+                           args.warmup),
             "samples_per_second": summary["samples_per_second"],
             "link_bytes": busiest_link(link_bytes(ranks, where.workers)) / rounds,
             "rounds": rounds,
@@ -322,6 +326,9 @@ def main(argv=None, records: list | None = None) -> int:
           f"after {args.warmup} warm-up rounds; ratio: bound / achieved; link MB/round: the busiest link, one way, "
           f"payload; {time.monotonic() - start:.0f} s in all)")
     print("\n".join(table_lines(rows)))
+    print("\nwhere a round of ours goes (medians, s): the barrier to every reply in, then to every push of the "
+          "next round in; a worker's forward and backward pass")
+    print("\n".join(phase_lines(rows)))
     print("every run, s/round: " + "; ".join(
         f"{r['rate']} {r['placement']} " + "/".join(f"{v:.4f}" for v in r["round_s_runs"]) for r in rows))
     if records is not None:

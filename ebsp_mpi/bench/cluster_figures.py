@@ -40,6 +40,27 @@ def median_round(ends: list[float], warmup: int) -> float:
     return statistics.median(rounds)
 
 
+def round_phases(ends: list[float], workers: list[dict], warmup: int) -> dict[str, float]:
+    """Where a round of ours goes, medians after the warm-up, on rank 0's time axis:
+
+    - ``reply_s``: from the barrier of iteration i to the last worker having its reply (its ``t_end``);
+    - ``push_s``: from then to the barrier of iteration i+1 (every push in);
+    - ``compute_s``: a worker's forward and backward pass (``t_compute_end − t_start``).
+
+    `workers` holds each worker's iteration columns ``t_start``, ``t_compute_end``, ``t_end``, in
+    iteration order. While the server replies only once every push is in, reply_s + push_s is the round.
+    """
+    n = min([len(ends)] + [len(w["t_end"]) for w in workers])
+    replied = [max(float(w["t_end"][i]) for w in workers) for i in range(n)]
+    reply = [replied[i] - ends[i] for i in range(n - 1)][warmup:]
+    push = [ends[i + 1] - replied[i] for i in range(n - 1)][warmup:]
+    compute = [float(w["t_compute_end"][i]) - float(w["t_start"][i]) for w in workers for i in range(warmup, n)]
+    if not (reply and compute):
+        raise ValueError(f"{n} rounds leave none after a warm-up of {warmup}: run more rounds")
+    return {"reply_s": statistics.median(reply), "push_s": statistics.median(push),
+            "compute_s": statistics.median(compute)}
+
+
 def link_bytes(ranks: list[dict], workers: int) -> dict[str, tuple[float, float]]:
     """Per node, the payload bytes its link carried out and in: ``{node: (out, in)}``.
 
@@ -92,7 +113,24 @@ def summarize(runs: list[dict], bound: float, expected_bytes: float) -> dict:
             "samples_per_second_runs": [r["samples_per_second"] for r in runs],
             "link_bytes": statistics.median(counted) if counted else None,
             "wire_bytes": statistics.median(r["wire_bytes"] for r in runs),
+            **{k: statistics.median(r[k] for r in runs) if all(k in r for r in runs) else None
+               for k in ("reply_s", "push_s", "compute_s")},
             "expected_bytes": expected_bytes}
+
+
+def phase_lines(rows: list[dict]) -> list[str]:
+    """Where a round of ours goes (:func:`round_phases`), beside the time each direction of the busiest
+    link needs for its bytes (half the bound co-located, the bound itself elsewhere)."""
+    head = (f"{'rate':<8} {'placement':<10} {'s/round':>8} {'reply phase':>11} {'push phase':>10} "
+            f"{'compute':>8} {'one way, bytes / R':>18}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        if r.get("reply_s") is None:
+            continue
+        one_way = r["bound_s"] / 2 if r["placement"] == "colocated" else r["bound_s"]
+        lines.append(f"{r['rate']:<8} {r['placement']:<10} {r['round_s']:>8.4f} {r['reply_s']:>11.4f} "
+                     f"{r['push_s']:>10.4f} {r['compute_s']:>8.4f} {one_way:>18.4f}")
+    return lines
 
 
 def table_lines(rows: list[dict]) -> list[str]:
