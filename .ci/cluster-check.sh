@@ -43,10 +43,15 @@
 #      job at once naming nothing: the enter launcher names the node, rank 0's set-up line its ranks, and
 #      no rank is left on any node; and a node lost whole (link cut, processes killed) just as a rank of
 #      it reaches a stage, held there by EBSP_INJECT_FAULT: a checkpoint's commit, the end of the run, the
-#      final statistics; each job ends as in 7 and its last committed checkpoint reads whole.
+#      final statistics; each job ends as in 7 and its last committed checkpoint reads whole;
+#   9. bench: `bench cluster`'s smallest case on a cluster of its own (2 nodes, the digits MLP, links at
+#      10 Mbit/s, 1 rep; BSP with a server beside each of 2 workers, and PyTorch DDP where torch imports)
+#      ends well, and every round it measured took at least its bound (bound / achieved in (0, 1.05]).
 #
-# CLUSTER_CHECKS="oracle cut" runs some of them only (isolation oracle sync pernode openmpi slow slurm cut lost;
-# oracle is 2 and 3, sync 2b and 3b, slow 5b). Every launch runs under `timeout`. The cluster (its namespaces, veths and bridge, and every
+# CLUSTER_CHECKS="oracle cut" runs some of them only (isolation oracle sync pernode openmpi slow slurm cut lost
+# bench; oracle is 2 and 3, sync 2b and 3b, slow 5b). bench brings up its own cluster under CLUSTER_BENCH_STATE,
+# _BRIDGE, _PREFIX and _SUBNET (default $T/bench-cluster, ebspchb0, ebchb, 10.213.10), before the 4 nodes of the
+# others, which are not made when it runs alone. Every launch runs under `timeout`. The cluster (its namespaces, veths and bridge, and every
 # process in it) is taken down on exit, whatever happened. Where a node cannot be made (not root, no time
 # namespaces, no bridge, veth or tbf) it says so in one line and exits 0; in CI (CI=true) that fails.
 # Usage, from anywhere: bash .ci/cluster-check.sh
@@ -62,8 +67,8 @@ skip() {
 }
 fail() { say "FAILED: $*" >&2; exit 1; }
 trap 'say "FAILED: line $LINENO: $BASH_COMMAND" >&2' ERR
-# want CHECK: CHECK is among $CLUSTER_CHECKS (default all: isolation oracle sync pernode openmpi slow slurm cut)
-want() { [[ " ${CLUSTER_CHECKS:-isolation oracle sync pernode openmpi slow slurm cut lost} " == *" $1 "* ]]; }
+# want CHECK: CHECK is among $CLUSTER_CHECKS (default all: isolation oracle sync pernode openmpi slow slurm cut lost bench)
+want() { [[ " ${CLUSTER_CHECKS:-isolation oracle sync pernode openmpi slow slurm cut lost bench} " == *" $1 "* ]]; }
 
 [[ $(id -u) == 0 ]] || skip "needs root (it makes network, UTS, mount, IPC, PID and time namespaces)"
 for tool in ip tc unshare nsenter timeout; do
@@ -86,7 +91,7 @@ PY=$REPO/.venv/bin/python
 PROBE=$REPO/.ci/cluster-probe.py
 stop() {
     local code=$?
-    bash .ci/cluster.sh down || true
+    [[ -d "$CLUSTER_STATE" ]] && { bash .ci/cluster.sh down || true; }
     if (( code != 0 )); then
         for log in "$T"/logs/*; do
             [[ -s "$log" ]] && { echo "----- $log"; tail -n 20 "$log"; } >&2
@@ -96,6 +101,23 @@ stop() {
     say "$( (( code == 0 )) && echo passed || echo failed) in $(( $(date +%s) - START )) s"
 }
 trap stop EXIT
+
+# -- 9. bench cluster: its smallest case, on a cluster of its own -----------------------------------
+if want bench; then
+t=$(date +%s)
+timeout -k 5 120 "$PY" -m ebsp_mpi bench cluster --model small --workers 2 --placements colocated,ddp \
+    --rates 10mbit --reps 1 --json "$T/bench.json" --cluster-state "${CLUSTER_BENCH_STATE:-$T/bench-cluster}" \
+    --cluster-bridge "${CLUSTER_BENCH_BRIDGE:-ebspchb0}" --cluster-prefix "${CLUSTER_BENCH_PREFIX:-ebchb}" \
+    --cluster-subnet "${CLUSTER_BENCH_SUBNET:-10.213.10}" > "$T/logs/bench" 2>&1 ||
+    fail "bench cluster: exit $? ($(tail -n 3 "$T/logs/bench"))"
+ours=colocated
+"$PY" -c 'import torch' 2>/dev/null && ours=colocated,ddp
+line=$("$PY" "$PROBE" bench "$T/bench.json" $ours) || fail "bench cluster: $line"
+say "9. bench cluster on 2 nodes: $line ($(( $(date +%s) - t )) s)"
+fi
+if [[ -n "${CLUSTER_CHECKS:-}" && " $CLUSTER_CHECKS " == " bench " ]]; then
+    exit 0   # the others' 4 nodes are not needed
+fi
 
 SLURM=
 if want slurm && command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null &&

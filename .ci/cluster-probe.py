@@ -31,6 +31,9 @@ subcommand each. Every one prints one line and exits non-zero when its claim doe
                                    prints its workers' most iterations
     cut RUN NODE LOG [any]         RUN ended after NODE's link was cut: LOG names every rank of NODE
                                    (by its rank number; with any, one of them at least)
+    bench FILE [PLACEMENTS]        `bench cluster --json FILE` measured every placement named (comma-
+                                   separated), each round at least as long as its bound (bound /
+                                   achieved in (0, 1.05]), and its samples/s against DDP's above 0
 """
 
 import json
@@ -313,13 +316,27 @@ def devices(run: str, count: str) -> None:
     print(f"{run}: devices by node-local rank: {', '.join(used)}")
 
 
+def bench(path: str, placements: str = "") -> None:
+    records = json.loads(Path(path).read_text())
+    rounds = [r for r in records if r["reference"] == "link rate"]
+    measured = {r["case"].split(", ")[2] for r in rounds}   # "small, 10mbit, colocated, 2 workers"
+    missing = [p for p in placements.split(",") if p and p not in measured]
+    assert rounds and not missing, f"{path}: no figure of {', '.join(missing) or 'any placement'}"
+    for r in rounds:
+        # the figure over the link's rate is bound / achieved: above 1 a round beat the physics
+        assert 0 < r["ratio"] <= 1.05, f"{r['case']}: bound / achieved {r['ratio']:.3f}, outside (0, 1.05]"
+    for r in records:
+        assert r["figure"] > 0 and r["reference_figure"] > 0, f"{r['case']}: {r['figure']} against {r['reference']}"
+    print("; ".join(f"{r['case']}: bound / achieved {r['ratio']:.3f}" for r in rounds))
+
+
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
     try:
         {"bandwidth": bandwidth, "oracle": oracle, "placement": placement, "clocks": clocks, "eager": eager,
          "devices": devices, "cut": cut, "complete": complete, "straggler": straggler,
          "accuracy": accuracy, "causal": causal, "gpubind": gpubind, "gpubound": gpubound,
-         "checkpointed": checkpointed, "killed": killed}[command](*args)
+         "checkpointed": checkpointed, "killed": killed, "bench": bench}[command](*args)
     except AssertionError as e:
         print(f"FAILED: {e}")
         sys.exit(1)

@@ -153,6 +153,8 @@ class RuntimeConfig:
                                          "many seconds after rank 0 has", gt=0.0)
     servers: int = _opt(1, "server ranks: ranks 0..servers-1 hold the parameters in shards (rank 0 also schedules), "
                            "the rest are workers", min=1)
+    servers_alone: bool = _opt(False, "refuse to start when the launcher put a worker on a node that runs a server "
+                                      "(the servers' links and cores their own)")
     cuda_aware_mpi: bool = _opt(False, "send device buffers directly (needs a CUDA-aware MPI)")
     chunk_bytes: int = _opt(0, "largest message: bigger tensors go in chunks of this many bytes (>= 1024); "
                                "0: 512 KiB where every rank has a core, else 4 MiB", min=0)

@@ -102,7 +102,7 @@ def test_alternate_times_every_function_the_same_number_of_times():
 def test_every_kind_names_a_module_with_main():
     import importlib
 
-    assert set(KINDS) == {"mpi", "ps", "overhead", "hybcomm", "nn", "zipline", "simulate", "train"}
+    assert set(KINDS) == {"mpi", "ps", "overhead", "hybcomm", "nn", "zipline", "simulate", "train", "cluster"}
     for name, kind in KINDS.items():
         assert callable(importlib.import_module(kind.module).main), name
 

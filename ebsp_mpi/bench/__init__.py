@@ -29,6 +29,8 @@ KINDS = {
                                                  "per iteration, the PS/SFB crossover"),
     "train": Kind("ebsp_mpi.bench.train", 1, "end-to-end samples per second of BSP and ASP runs against "
                                              "the single-process trainer and PyTorch DDP (launches mpiexec)"),
+    "cluster": Kind("ebsp_mpi.bench.cluster", 1, "BSP across the nodes of a virtual cluster (links shaped "
+                                                 "with tc) against the links' bound and PyTorch DDP (as root)"),
     "nn": Kind("ebsp_mpi.bench.nn", 1, "Dense, Conv2D, MaxPool2D and SGD against PyTorch on the CPU"),
     "zipline": Kind("ebsp_mpi.bench.zipline", 1, "ZipLine against a heapq scan and brute force"),
     "simulate": Kind("ebsp_mpi.bench.simulate", 1, "the simulator's pushes per second per sync policy "

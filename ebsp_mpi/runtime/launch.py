@@ -35,6 +35,7 @@ from ..run_description import describe, read_osdp_plan
 from . import comm as mpi
 from .env import world_size_from_env
 from .faults import fault_for
+from .placement import servers_alone_refusal
 from .protocol import SETUP_TAG
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,10 @@ def _start(job: JobConfig):
     if ctx.rank == 0:
         log.info("ranks: %s", ", ".join(f"{r} ({ctx.role_of(r)}) pid {pid} on {host}"
                                         for r, (host, pid) in enumerate(procs)))
+    # every rank knows every host: all refuse alike, and rank 0 says it in one line
+    refusal = servers_alone_refusal(ctx.hosts, ctx.servers) if job.runtime.servers_alone else ""
+    if refusal:
+        raise UsageError(refusal)
     return ctx
 
 
