@@ -109,6 +109,9 @@ class SyncConfig:
     zipline_z: float | str = _opt(0.0, "ElasticBSP: barriers chosen on the predictions +- z learned error scales "
                                        "(0: the paper's ZipLine; \"auto\": z picked online from the waiting)",
                                   min=0.0, words=("auto",))
+    overdue: str = _opt("none", "ElasticBSP: a worker whose predicted next push lies before the decision "
+                                "(\"widen\": predicted with the time since its last push as its interval; "
+                                "\"none\": the paper's)", choices=("none", "widen"))
     sample: int = _opt(2, "PSP: other workers each barrier samples (beta); its staleness bound is "
                           "sync.staleness; beta >= workers - 1 is SSP", min=1)
 

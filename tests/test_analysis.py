@@ -300,6 +300,9 @@ def test_labels_come_from_the_sweep_manifest_or_the_sync_parameters(tmp_path):
                                  "predictor": "median"}}) == "elasticbsp(R=3,z=1.5,median)"
     assert model_label({"sync": {"model": "elasticbsp", "lookahead": 3, "zipline_z": "auto"}}) == "elasticbsp(R=3,z=auto)"
     assert model_label({"sync": {"model": "elasticbsp", "lookahead": 3, "zipline_z": 0.0}}) == "elasticbsp(R=3)"
+    assert model_label({"sync": {"model": "elasticbsp", "lookahead": 15, "zipline_z": "auto", "predictor": "ema",
+                                 "overdue": "widen"}}) == "elasticbsp(R=15,z=auto,ema,overdue=widen)"
+    assert model_label({"sync": {"model": "elasticbsp", "lookahead": 3, "overdue": "none"}}) == "elasticbsp(R=3)"
     assert model_label({"sync": {"model": "psp", "sample": 2, "staleness": 1}}) == "psp(β=2,s=1)"
 
 

@@ -165,6 +165,13 @@ def test_allowed_values_are_those_of_the_registries_they_name():
     assert _choices(JobConfig, "backend") == BACKENDS
 
 
+def test_overdue_is_none_or_widen():
+    assert load_job(None).sync.overdue == "none"
+    assert load_job(None, ["sync.overdue=widen"]).sync.overdue == "widen"
+    with pytest.raises(ConfigError, match=r"sync\.overdue"):
+        load_job(None, ["sync.overdue=shift"])
+
+
 def test_zipline_z_is_a_number_or_auto(tmp_path):
     assert load_job(None, ["sync.zipline_z=1.5"]).sync.zipline_z == 1.5
     assert load_job(None, ["sync.zipline_z=2"]).sync.zipline_z == 2.0

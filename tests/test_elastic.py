@@ -136,6 +136,25 @@ def test_lookahead_one_puts_the_barrier_on_the_next_push():
     assert policy.targets == {0: 6, 1: 5, 2: 3}
 
 
+# worker 1 stalls after its push at 3.5 (interval 1): at the decision (5.1) its next push, predicted
+# at 4.5, is 0.6 overdue. The paper's rows: 6, 7, 8 / 4.5, 5.5, 6.5 / 7.6, 10.1, 12.6, least spread
+# {7, 6.5, 7.6} (1.1). Widened, worker 1's interval is 5.1 − 3.5 = 1.6: 5.1, 6.7, 8.3, and the least
+# spread is {8, 8.3, 7.6} (0.7).
+STALLED = [(0, 1.0), (1, 1.5), (0, 2.0), (1, 2.5), (2, 2.6), (0, 3.0), (1, 3.5), (0, 4.0), (0, 5.0),
+           (2, 5.1)]
+
+
+def test_overdue_widen_plans_a_late_worker_from_the_decision_time():
+    paper, widened = ElasticBSP(3, lookahead=3), ElasticBSP(3, lookahead=3, overdue="widen")
+    pushes(paper, STALLED)
+    pushes(widened, STALLED)
+    # done at the decision: 5, 3, 2
+    assert paper.targets == {0: 7, 1: 6, 2: 3}
+    assert widened.targets == {0: 8, 1: 6, 2: 3}
+    assert widened._barrier.predicted_t == pytest.approx({0: 8.0, 1: 8.3, 2: 7.6})
+    assert widened._barrier.predicted_spread == pytest.approx(0.7)
+
+
 def test_parameters_are_validated():
     with pytest.raises(ValueError, match="lookahead"):
         ElasticBSP(2, lookahead=0)

@@ -92,3 +92,10 @@ def test_bad_z_is_rejected(bad):
 def test_registry_passes_zipline_z():
     assert make_policy(SyncConfig(model="elasticbsp", zipline_z=1.5), 3).z == 1.5
     assert make_policy(SyncConfig(model="elasticbsp", zipline_z="auto"), 3)._auto is not None
+
+
+def test_bad_overdue_is_rejected_and_the_registry_passes_it():
+    with pytest.raises(ValueError, match="overdue"):
+        ElasticBSP(2, overdue="shift")
+    assert make_policy(SyncConfig(model="elasticbsp"), 3).overdue == "none"
+    assert make_policy(SyncConfig(model="elasticbsp", overdue="widen"), 3).overdue == "widen"

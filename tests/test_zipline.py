@@ -228,6 +228,21 @@ def test_reset_forgets_the_interval_spanning_a_barrier():
         np.testing.assert_allclose(p.predict([0], 2), [[12.0, 13.0]])
 
 
+def test_an_overdue_worker_is_predicted_with_the_time_since_its_last_push():
+    for rule in ("last", "ema", "median"):
+        p = PushPredictor(3, rule=rule)
+        for w, times in enumerate(((0.0, 1.0, 2.0), (1.0, 3.0), (3.5, 4.0))):
+            for t in times:
+                p.observe(w, t)
+        # at 3.6: worker 0 (last 2, interval 1) is 0.6 late, so its interval is at least 1.6; worker 1
+        # (next at 5) and worker 2 (next at 4.5) are not late
+        np.testing.assert_allclose(p.predict([0, 1, 2], 3, now=3.6),
+                                   [[3.6, 5.2, 6.8], [5.0, 7.0, 9.0], [4.5, 5.0, 5.5]])
+        np.testing.assert_array_equal(p.predict([0, 1, 2], 3, now=3.0), p.predict([0, 1, 2], 3))  # on time
+        np.testing.assert_allclose(p.predict([0], 2), [[3.0, 4.0]])  # without now: the rule's interval
+        assert p.interval(0) == 1.0  # the widening is the decision's, not the history's
+
+
 def test_predictor_validation():
     with pytest.raises(ValueError, match="rule"):
         PushPredictor(2, rule="mode")

@@ -168,11 +168,13 @@ def _sync_label(sync: dict) -> str:
     if model == "elasticbsp":
         penalty = sync.get("penalty") or 0
         shown = f"{penalty:g}" if isinstance(penalty, (int, float)) else str(penalty)
-        # z and the predictor only where they differ from the paper's (older runs have neither)
+        # z, the predictor and the overdue rule only where they differ from the paper's (older runs
+        # have none of them)
         z = sync.get("zipline_z") or 0
         extra = f",λ={shown}" if penalty else ""
         extra += f",z={z:g}" if isinstance(z, (int, float)) and z else (f",z={z}" if z else "")
         extra += f",{sync['predictor']}" if sync.get("predictor", "last") != "last" else ""
+        extra += f",overdue={sync['overdue']}" if sync.get("overdue", "none") != "none" else ""
         return f"elasticbsp(R={sync.get('lookahead')}{extra})"
     return model
 

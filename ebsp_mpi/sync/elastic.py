@@ -56,6 +56,9 @@ from .prediction_error import PredictionErrorModel
 from .predictor import PushPredictor
 from .zipline import zipline, zipline_robust
 
+#: what a decision does with a worker whose predicted next push lies before the decision time
+OVERDUE = ("none", "widen")
+
 
 @dataclass
 class _Barrier:
@@ -104,6 +107,10 @@ class ElasticBSP(SyncPolicy):
     zipline_z : float or "auto"
         z >= 0: barriers chosen on the intervals ``M ± z·σ`` (0: the paper's ZipLine); ``"auto"``: z
         chosen online (:class:`~ebsp_mpi.sync.auto_z.AutoZ`).
+    overdue : {"none", "widen"}
+        ``"widen"``: a worker overdue at the decision (its predicted next push already in the past) is
+        predicted with the time since its latest push as its interval
+        (:meth:`~ebsp_mpi.sync.predictor.PushPredictor.predict`, ``now``); ``"none"``: the paper's.
     """
 
     name = "elasticbsp"
@@ -111,7 +118,8 @@ class ElasticBSP(SyncPolicy):
 
     def __init__(self, workers: int, lookahead: int = 15, penalty: float = 0.0,
                  predictor: str = "last", ema_alpha: float = 0.5, min_pushes: int = 2,
-                 clock: Callable[[], float] = time.perf_counter, zipline_z: float | str = 0.0):
+                 clock: Callable[[], float] = time.perf_counter, zipline_z: float | str = 0.0,
+                 overdue: str = "none"):
         super().__init__(workers)
         if int(lookahead) != lookahead or lookahead < 1:
             raise ValueError(f"ElasticBSP lookahead must be an integer >= 1, got {lookahead}")
@@ -125,6 +133,9 @@ class ElasticBSP(SyncPolicy):
         elif isinstance(zipline_z, str) or not (math.isfinite(zipline_z) and zipline_z >= 0):
             raise ValueError(f"ElasticBSP zipline_z must be a finite number >= 0 or 'auto', got {zipline_z!r}")
         self.zipline_z = zipline_z
+        if overdue not in OVERDUE:
+            raise ValueError(f"ElasticBSP overdue must be one of {OVERDUE}, got {overdue!r}")
+        self.overdue = overdue
         self.lookahead = int(lookahead)
         self.errors = PredictionErrorModel(workers, self.lookahead)
         self.penalty = float(penalty)
@@ -204,7 +215,7 @@ class ElasticBSP(SyncPolicy):
     def _decide(self, t: float) -> None:
         """Predict, run ZipLine and set each active worker's barrier (ICDM 2019, Alg. 1)."""
         members = sorted(self.active)
-        M = self.predictor.predict(members, self.lookahead)
+        M = self.predictor.predict(members, self.lookahead, now=t if self.overdue == "widen" else None)
         z = self.z
         sigma = self.errors.sigma(members, self.lookahead)
         started = self._clock()

@@ -12,6 +12,13 @@ Only intervals between two pushes of the same *monitoring phase* are measured: :
 when a barrier releases) forgets the last push time, so the interval that spans the barrier — which
 includes the time the worker was held — is never taken for an iteration time. The EMA itself is kept
 across resets (it is the smoothed history), and so are the median's recent intervals.
+
+Overdue workers (``predict(..., now=t)``): at time ``now`` a worker whose predicted next push
+``t_last + interval`` already lies in the past has not pushed yet, so its iteration in progress is
+longer than the interval. Taken from the decision time, its interval is at least ``now − t_last``;
+``now`` widens the interval of such a worker to that, and its k-th push is predicted at
+``t_last + k · (now − t_last)`` (the first at ``now``). A worker that entered a slow phase is the usual
+cause (docs/simulation.md, "Unseen seeds, 1,024 workers"); the paper's predictor has no ``now``.
 """
 
 from __future__ import annotations
@@ -105,7 +112,7 @@ class PushPredictor:
         """The interval (seconds per iteration) the rule predicts with; NaN when none is known."""
         return self._rate(self._check(worker))
 
-    def predict(self, workers: Sequence[int], R: int, first: int = 1) -> np.ndarray:
+    def predict(self, workers: Sequence[int], R: int, first: int = 1, now: float | None = None) -> np.ndarray:
         """Predicted times of pushes k = first .. first+R−1 after each worker's latest push.
 
         Parameters
@@ -117,6 +124,10 @@ class PushPredictor:
         first : int
             1 (default) predicts future pushes only; 0 includes the latest push itself, as the
             authors' reference code does.
+        now : float, optional
+            The decision time (seconds). When given, a worker overdue at ``now`` (its latest push plus
+            its interval lies before it) is predicted with the interval ``now − t_last`` (see the
+            module docstring). None (default): the rule's interval as it is.
 
         Returns
         -------
@@ -132,6 +143,9 @@ class PushPredictor:
         if unknown.size:
             raise ValueError(f"no push interval known yet for worker {int(rows[unknown[0]])} "
                              f"(it needs two pushes since its last reset)")
+        if now is not None:
+            # the iteration in progress has lasted now − last already: it is at least that long
+            rate = np.maximum(rate, now - last)
         k = np.arange(first, first + R, dtype=np.float64)
         return last[:, None] + rate[:, None] * k[None, :]
 

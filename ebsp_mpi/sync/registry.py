@@ -21,7 +21,8 @@ _BUILDERS: dict[str, Callable[[SyncConfig, int, int], SyncPolicy]] = {
     "ssp": lambda s, n, seed: SSP(n, staleness=s.staleness),
     "dssp": lambda s, n, seed: DSSP(n, staleness=s.staleness, dssp_range=s.dssp_range),
     "elasticbsp": lambda s, n, seed: ElasticBSP(n, lookahead=s.lookahead, penalty=s.penalty, predictor=s.predictor,
-                                                ema_alpha=s.ema_alpha, zipline_z=s.zipline_z),
+                                                ema_alpha=s.ema_alpha, zipline_z=s.zipline_z,
+                                                overdue=s.overdue),
     "psp": lambda s, n, seed: PSP(n, sample=s.sample, staleness=s.staleness, seed=seed),
 }
 
@@ -37,7 +38,8 @@ def make_policy(sync: SyncConfig, workers: int, seed: int = 0) -> SyncPolicy:
     sync : SyncConfig
         The job's ``[sync]`` section: ``model`` (one of :data:`POLICIES`), and the keys of that model
         (``staleness`` for SSP, DSSP and PSP, ``dssp_range`` for DSSP, ``lookahead``, ``penalty``,
-        ``predictor``, ``ema_alpha`` and ``zipline_z`` for ElasticBSP, ``sample`` for PSP); the other keys are not read.
+        ``predictor``, ``ema_alpha``, ``zipline_z`` and ``overdue`` for ElasticBSP, ``sample`` for PSP); the
+        other keys are not read.
     workers : int
         Number of workers (>= 1).
     seed : int
