@@ -126,9 +126,12 @@ def test_model_bytes_from_the_shards():
 
 
 def test_the_table_has_a_row_per_figure_and_dashes_where_nothing_was_counted():
-    runs = [{"round_s": 1.0, "samples_per_second": 100.0, "link_bytes": 2.0e6, "wire_bytes": 2.1e6},
-            {"round_s": 2.0, "samples_per_second": 50.0, "link_bytes": 2.0e6, "wire_bytes": 2.1e6},
-            {"round_s": 0.5, "samples_per_second": 200.0, "link_bytes": 2.0e6, "wire_bytes": 2.1e6}]
+    runs = [{"round_s": 1.0, "samples_per_second": 100.0, "link_bytes": 2.0e6, "wire_bytes": 2.1e6,
+             "test_accuracy": 0.5},
+            {"round_s": 2.0, "samples_per_second": 50.0, "link_bytes": 2.0e6, "wire_bytes": 2.1e6,
+             "test_accuracy": 0.75},
+            {"round_s": 0.5, "samples_per_second": 200.0, "link_bytes": 2.0e6, "wire_bytes": 2.1e6,
+             "test_accuracy": 0.25}]
     row = summarize(runs, bound=0.5, expected_bytes=1.0e6)
     assert row["round_s"] == 1.0 and row["ratio"] == 0.5 and row["ratio_runs"] == [0.5, 0.25, 1.0]
     assert row["samples_per_second"] == 100.0 and row["link_bytes"] == 2.0e6
@@ -140,8 +143,8 @@ def test_the_table_has_a_row_per_figure_and_dashes_where_nothing_was_counted():
     assert len(lines) == 4 and "bound/achieved" in lines[0]
     one, peer = lines[2].split(), lines[3].split()
     assert one[:6] == ["200mbit", "one", "3", "1.0000", "WM/R=0.500", "0.500"]
-    assert one[6:] == ["0.250-1.000", "2.000", "2.000", "2.100", "100", "1.25"]
-    assert peer[6:] == ["-", "-", "-", "1.000", "80", "-"]
+    assert one[6:] == ["0.250-1.000", "2.000", "2.000", "2.100", "100", "1.25", "0.5000"]  # the median accuracy
+    assert peer[6:] == ["-", "-", "-", "1.000", "80", "-", "-"]
 
 
 @pytest.mark.parametrize("options, says", [

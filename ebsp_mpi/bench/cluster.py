@@ -43,6 +43,10 @@ MODELS = {
               "model.hidden=[1024,256]", "data.batch_size=32"],
     # the digits MLP 64-128-64-10 (17,226 parameters, M = 69 kB): a link of a few Mbit/s binds it
     "small": ["model.hidden=[128,64]", "data.batch_size=32"],
+    # Poseidon's case, an MLP 4096-4096-10 (16,822,282 parameters, M = 67 MB) on synthetic data: its
+    # 4096 x 4096 layer's gradient is 64 MB, its sufficient factors at batch 32 are 1 MB (comm.hybrid)
+    "wide": ["data.name=synthetic", "data.synthetic_features=4096", "data.synthetic_samples=4096",
+             "model.hidden=[4096]", "data.batch_size=32"],
 }
 COMMON = ["sync.model=bsp", "stop.epochs=0", "straggler.enabled=false", "eval.every_seconds=1e9"]
 DDP_PORT = 29500   # gloo's rendezvous on node 1; each DDP run takes the next port (no TIME_WAIT clash)
@@ -150,7 +154,7 @@ def run_ours(cluster: Cluster, where: Placement, overrides: list[str], out: Path
     pushes = traces[0].table("pushes")
     ends = barrier_times(pushes["iteration"], pushes["t"])
     rounds = min(summary["iterations"])
-    return {"round_s": median_round(ends, args.warmup),
+    return {"round_s": median_round(ends, args.warmup), "test_accuracy": summary["test_accuracy"],
             **round_phases(ends, [t.table("iterations") for t in traces.values() if t.attrs["role"] == "worker"],
                            args.warmup),
             "samples_per_second": summary["samples_per_second"],
@@ -176,6 +180,7 @@ def run_ddp(cluster: Cluster, where: Placement, overrides: list[str], out: Path,
     _wait(procs, args.timeout, "the DDP run")
     found = json.loads(result.read_text())
     return {"round_s": median_round([0.0, *found["step_ends"]], args.warmup),
+            "test_accuracy": found["test_accuracy"],
             "samples_per_second": found["samples_per_second"], "link_bytes": None,
             "rounds": len(found["step_ends"])}
 
@@ -249,7 +254,8 @@ def parse(argv) -> argparse.Namespace:
                         help="comma-separated: one (1 server alone), spreadK (K servers alone), "
                              "colocated (a server beside each worker), ddp (PyTorch DDP)")
     parser.add_argument("--model", choices=list(MODELS), default="large",
-                        help="large: MLP 784-1024-256-10 on synthetic data; small: the digits MLP")
+                        help="large: MLP 784-1024-256-10 on synthetic data; small: the digits MLP; wide: MLP "
+                             "4096-4096-10 on synthetic data (with --set comm.hybrid=sfb: Poseidon's case)")
     parser.add_argument("--workers", type=integer, default=4)
     parser.add_argument("--rounds", type=integer, default=30, help="BSP rounds (stop.iterations) of each run")
     parser.add_argument("--warmup", type=integer, default=2, help="first rounds of each run left out of its median")

@@ -114,7 +114,7 @@ def summarize(runs: list[dict], bound: float, expected_bytes: float) -> dict:
             "link_bytes": statistics.median(counted) if counted else None,
             "wire_bytes": statistics.median(r["wire_bytes"] for r in runs),
             **{k: statistics.median(r[k] for r in runs) if all(k in r for r in runs) else None
-               for k in ("reply_s", "push_s", "compute_s")},
+               for k in ("reply_s", "push_s", "compute_s", "test_accuracy")},
             "expected_bytes": expected_bytes}
 
 
@@ -137,7 +137,8 @@ def table_lines(rows: list[dict]) -> list[str]:
     """The table ``bench cluster`` prints: one line per placement and rate (dicts of :func:`summarize`
     with ``rate``, ``placement``, ``formula``, ``reps`` and ``vs_ddp`` added)."""
     head = (f"{'rate':<8} {'placement':<10} {'reps':>4} {'s/round':>8} {'bound':>19} {'bound/achieved':>14} "
-            f"{'spread':>11} {'link MB/round':>13} {'/expected':>9} {'wire MB':>8} {'samples/s':>9} {'/DDP':>6}")
+            f"{'spread':>11} {'link MB/round':>13} {'/expected':>9} {'wire MB':>8} {'samples/s':>9} {'/DDP':>6} "
+            f"{'test acc':>8}")
     lines = [head, "-" * len(head)]
     for r in rows:
         mb = "-" if r["link_bytes"] is None else f"{r['link_bytes'] / 1e6:.3f}"
@@ -147,5 +148,11 @@ def table_lines(rows: list[dict]) -> list[str]:
         wire = f"{r['wire_bytes'] / 1e6:.3f}"
         lines.append(f"{r['rate']:<8} {r['placement']:<10} {r['reps']:>4} {r['round_s']:>8.4f} {bound:>19} "
                      f"{r['ratio']:>14.3f} {spread(r['ratio_runs']):>11} {mb:>13} {of:>9} {wire:>8} "
-                     f"{r['samples_per_second']:>9.0f} {vs:>6}")
+                     f"{r['samples_per_second']:>9.0f} {vs:>6} {_accuracy(r.get('test_accuracy')):>8}")
     return lines
+
+
+def _accuracy(acc) -> str:
+    """The final test accuracy (median over the repetitions): after the same rounds, the runs of a
+    rate must learn alike, whatever carried their gradients."""
+    return "-" if acc is None else f"{acc:.4f}"
