@@ -17,7 +17,7 @@ in order:
 
 The drivers carry the actions out and decide nothing: the MPI server (``runtime/server.py``, and
 through its order stream the other servers) takes them as a list of typed records
-(:meth:`Coordinator.push`); the event simulator (:mod:`.simulate`), which makes millions of pushes, is
+(:meth:`Coordinator.push`); the event simulator (:mod:`ebsp_mpi.sim.events`), which makes millions of pushes, is
 an :class:`Executor` whose methods the coordinator calls in the same order, with no record made
 (:meth:`Coordinator.push_to`). The single-process reference trainer does not use it: it is the oracle
 the MPI runs are checked against.
@@ -234,7 +234,8 @@ class Coordinator:
         pending, left, pushes, limits = [decision], self.left, self.pushes, self.limits
         while pending:
             decision = pending.pop()
-            self._take_records(executor)
+            if self.policy._records:
+                self._take_records(executor)
             # a worker stops at its iteration limit, at the time limit, or at a stop request
             closing = t >= self._open_until
             released = [(w, closing or pushes[w] >= limits[w]) for w in decision.release if w not in left]
@@ -247,7 +248,8 @@ class Coordinator:
                 if stop:
                     left.add(w)
                     pending.append(self.policy.on_leave(w, t))
-        self._take_records(executor)
+        if self.policy._records:
+            self._take_records(executor)
 
     def _leave(self, worker: int, t: float, executor: Executor) -> None:
         self.left.add(worker)
@@ -261,6 +263,5 @@ class Coordinator:
         executor.round(members, version, released)
 
     def _take_records(self, executor: Executor) -> None:
-        if self.policy._records:
-            for record in self.policy.take_records():
-                executor.record(record)
+        for record in self.policy.take_records():
+            executor.record(record)
