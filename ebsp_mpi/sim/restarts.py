@@ -6,7 +6,7 @@ monitors again) and answers every worker at once, and the work done after the ch
 replay that runs through diverges from it there (ElasticBSP's barriers land elsewhere, and its waits
 differ by 15 - 20 % on a run resumed once). This one does what the server did:
 
-- between restarts it runs the coordinator as :func:`ebsp_mpi.sync.simulate.simulate` does, except
+- between restarts it runs the coordinator as :func:`ebsp_mpi.sim.events.simulate` does, except
   that a worker released for the iteration the next restart gives it (the checkpoint's count) does not
   start it: the recorded run's worker started that work and lost it;
 - at a restart, at its recorded time (or once the segment's last push is in, if later), a fresh policy
@@ -27,11 +27,11 @@ from collections.abc import Callable, Sequence
 
 from ..sync.base import SyncPolicy
 from ..sync.coordinator import Coordinator
-from ..sync.simulate import SimResult, _interval_function, _Run
+from .events import SimResult, Simulation, interval_function
 from .workers import Restart
 
 
-class RestartedRun(_Run):
+class RestartedRun(Simulation):
     """One replay with restarts (see the module docstring)."""
 
     def __init__(self, coordinator: Coordinator, interval, t0: float, limits: Sequence[int | None], until: float):
@@ -59,7 +59,7 @@ class RestartedRun(_Run):
         while self.heap:
             last = self.heap[0][0]
             t, w = heapq.heappop(self.heap)
-            self._push(w, t)
+            self.push(w, t)
         self.parked_at = [math.inf] * len(counts)
         return last
 
@@ -94,7 +94,7 @@ def simulate_resumed(make_policy: Callable[[], SyncPolicy], intervals, limit: in
     policy = make_policy()
     n = policy.workers
     limits = [limit] * n
-    run = RestartedRun(Coordinator(policy, limits, until), _interval_function(intervals, n), 0.0, limits, until)
+    run = RestartedRun(Coordinator(policy, limits, until), interval_function(intervals, n), 0.0, limits, until)
     run.start(0.0)
     for restart in restarts:
         last = run.segment(restart.counts)

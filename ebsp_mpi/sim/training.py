@@ -30,7 +30,7 @@ from ..nn.kernels import all_finite
 from ..nn.staleness import StalenessRule
 from ..nn.versions import VersionStore
 from ..outputs import AccuracyTargets
-from ..sync.simulate import Trainer
+from .events import Trainer
 
 #: Evaluations a run may ask for (``eval.every_seconds`` against its virtual length): each is a row of
 #: the server's ``evals`` and of the summary, so past this the job is refused, in one line

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .base import Record, SyncPolicy
-from .coordinator import Coordinator, Executor
+from ..sync.base import Record, SyncPolicy
+from ..sync.coordinator import Coordinator, Executor
 
 #: Per-worker constant intervals (seconds); ``interval(worker, k)`` for worker's k-th iteration; an
 #: (n, m) array whose row w worker w cycles through; or an object with ``interval(worker, k, t)`` (t:
@@ -196,9 +196,9 @@ def simulate(policy: SyncPolicy, intervals: Intervals, iterations: int | None = 
     RuntimeError
         When the policy releases a worker whose pull is not pending.
     """
-    interval = None if recorded is not None else _interval_function(intervals, policy.workers)
+    interval = None if recorded is not None else interval_function(intervals, policy.workers)
     limits = _checked_limits(iterations, limits, policy.workers, until)
-    run = _Run(Coordinator(policy, limits, until), interval, keep_releases, t0, trainer)
+    run = Simulation(Coordinator(policy, limits, until), interval, keep_releases, t0, trainer)
     run.start(t0)
     if recorded is not None:
         run.replay(recorded)
@@ -249,10 +249,16 @@ class Trainer:
         """`worker`'s push held NaN or Inf: drop it."""
 
 
-class _Run(Executor):
+class Simulation(Executor):
     """One simulation: the workers' records, the heap of pending pushes, and the coordinator's
-    actions carried out on them (an :class:`~.coordinator.Executor`: the coordinator calls
-    :meth:`reply` and :meth:`round` as it decides, no action record made)."""
+    actions carried out on them (an :class:`~ebsp_mpi.sync.coordinator.Executor`: the coordinator
+    calls :meth:`reply` and :meth:`round` as it decides, no action record made).
+
+    The seam for a driver of its own (:mod:`.restarts`): :meth:`start` and :meth:`push` feed it
+    events, :meth:`loop` takes the pending pushes in time order, :meth:`reply` is what a reply does to
+    a virtual worker (a subclass that overrides it sets :attr:`plain` False, so that no reply is
+    carried out without it), :meth:`result` is what was observed.
+    """
 
     def __init__(self, coordinator: Coordinator, interval, keep_releases: bool, t0: float,
                  trainer: Trainer | None = None):
@@ -273,6 +279,7 @@ class _Run(Executor):
         # no releases kept, no weights, intervals: reply's common case may be written out (a subclass
         # that overrides reply sets it False)
         self.plain = not keep_releases and trainer is None and interval is not None
+        self.apply = None  # without weights, an apply has nothing to do (read here, not from the class)
         if trainer is not None:  # the weights step before the replies that follow read them
             self.apply = trainer.apply
             self.reject = lambda worker, iteration: trainer.reject(worker)
@@ -338,7 +345,7 @@ class _Run(Executor):
         self.coordinator.start_to(self, t)
         self._kept(t)
 
-    def _push(self, w: int, t: float) -> None:
+    def push(self, w: int, t: float) -> None:
         """One push, the general way: recorded, the trainer told, the coordinator's actions carried out."""
         self.pushes[w].append(t)
         self.before[w].append(self.coordinator.version)
@@ -368,7 +375,7 @@ class _Run(Executor):
             if self.pulled_at[w] is not None:
                 raise ReplayMismatch(f"recorded push {k} (worker {w} at t={t:.6f} s) does not fit: under "
                                      f"{self.policy.name} worker {w} is held, waiting for its release at that point")
-            self._push(w, t)
+            self.push(w, t)
         computing = [w for w, since in enumerate(self.pulled_at) if since is None and w not in self.coordinator.left]
         if computing:
             w = computing[0]
@@ -386,8 +393,8 @@ class _Run(Executor):
         while heap:
             t, w = heappop(heap)
             if general:  # the releases kept: every push the general way
-                self._push(w, t)
-            else:  # _push written out for speed
+                self.push(w, t)
+            else:  # push() written out for speed
                 push_append[w](t)
                 before_append[w](coordinator.version)
                 pulled_at[w] = t
@@ -419,7 +426,7 @@ def _numpy(values: array, dtype) -> np.ndarray:
     return np.frombuffer(values, dtype=dtype) if len(values) else np.zeros(0, dtype=dtype)
 
 
-def _interval_function(intervals: Intervals, n: int) -> Callable[[int, int, float], float]:
+def interval_function(intervals: Intervals, n: int) -> Callable[[int, int, float], float]:
     """Turn ``intervals`` into a checked ``interval(worker, k, t)`` (seconds, finite, >= 0).
 
     An array is checked once, here; an object whose ``interval`` method checks its own values says so
