@@ -22,8 +22,7 @@ import time
 import numpy as np
 
 from ebsp_mpi import build
-from ebsp_mpi.bench.report import record
-from ebsp_mpi.bench.workload import chosen, intervals, print_header, timed_simulation
+from ebsp_mpi.bench.workload import chosen, intervals, keep, print_header, timed_simulation
 from ebsp_mpi.config import load_job
 from ebsp_mpi.run_description import describe
 from ebsp_mpi.sim.training import EmulatedTrainer
@@ -83,10 +82,8 @@ def main_train(workers: int, iterations: int, seed: int, wanted: list[str], reco
         ratio, peak = float(np.median(ratios)), pairs[-1][2]
         print(f"{label:<18} | {seconds:8.2f} {gradients / seconds:9.0f} | {bare:7.2f} | {ratio:11.2f} "
               f"{ratios[0]:5.2f}-{ratios[-1]:<5.2f} {ratio - 1:+9.1%} | {peak:>6}")
-        if records is not None:
-            # the figure and the reference are medians; their ratio is near, not equal to, the median ratio
-            records.append(record("simulate", f"train {label} n={workers} K={iterations}", seconds, "s",
-                                  "bare gradient + step loop", bare))
+        # the figure and the reference are medians; their ratio is near, not equal to, the median ratio
+        keep(records, f"train {label} n={workers} K={iterations}", seconds, "bare gradient + step loop", bare)
     return 0
 
 

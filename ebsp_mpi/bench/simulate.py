@@ -22,8 +22,7 @@ import time
 
 import numpy as np
 
-from ebsp_mpi.bench.report import record
-from ebsp_mpi.bench.workload import POLICIES, chosen, intervals, print_header, timed_simulation
+from ebsp_mpi.bench.workload import POLICIES, chosen, intervals, keep, print_header, timed_simulation
 from ..safe_text import integer
 
 
@@ -78,9 +77,7 @@ def main(argv=None, records: list | None = None) -> int:
         zipline = sum(r.row["seconds"] for r in result.records if r.table == "zipline")
         print(f"{label:<18} | {seconds:8.2f} {result.pushes / seconds / 1e3:11.0f} | {seconds / bare:11.2f} | "
               f"{result.barriers:>8} {zipline:9.2f}")
-        if records is not None:
-            records.append(record("simulate", f"{label} n={args.workers} K={args.iterations}", seconds, "s",
-                                  "bare heapq loop", bare))
+        keep(records, f"{label} n={args.workers} K={args.iterations}", seconds, "bare heapq loop", bare)
     return 0
 
 

@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 
+from ebsp_mpi.bench.report import record
 from ebsp_mpi.config import SyncConfig
 from ebsp_mpi.sim.events import simulate
 from ebsp_mpi.sync.registry import make_policy
@@ -25,6 +26,12 @@ POLICIES = (
 def chosen(wanted: list[str]) -> list[tuple[str, SyncConfig]]:
     """The policies of :data:`POLICIES` whose model is in `wanted`, in its order."""
     return [(label, sync) for label, sync in POLICIES if sync.model in wanted]
+
+
+def keep(records: list | None, label: str, seconds: float, reference: str, reference_seconds: float) -> None:
+    """With `records`, append one policy's seconds against its reference's (:mod:`ebsp_mpi.bench.report`)."""
+    if records is not None:
+        records.append(record("simulate", label, seconds, "s", reference, reference_seconds))
 
 
 def print_header(header: str) -> None:
