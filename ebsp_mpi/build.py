@@ -14,6 +14,7 @@ from .data.memory import exceeds_memory, format_bytes, memory_phrase
 from .errors import UsageError
 from .nn import SGD, Model, build_model, make_schedule
 from .nn.model import model_specs
+from .sync.registry import round_based
 
 
 def dataset(job: JobConfig) -> Dataset:
@@ -221,7 +222,7 @@ def hybrid_plan(job: JobConfig, model: Model, workers: int) -> tuple[set[str], d
     try:
         # the servers share every layer's traffic: the cost model prices a push by the busiest server's share
         plan = choose(layers, batch=job.data.batch_size, workers=workers, servers=job.runtime.servers,
-                      synchronous=job.sync.model == "bsp", mode=job.comm.hybrid)
+                      synchronous=round_based(job.sync), mode=job.comm.hybrid)
     except ValueError as e:
         raise ModelError(f"comm.hybrid = {job.comm.hybrid!r}: {e}") from None
     return set(plan.sfb_layers), plan.as_dict()

@@ -6,7 +6,7 @@
 - ``bench``: run a benchmark (:mod:`ebsp_mpi.bench.cli`);
 - ``simulate``: the job's sync model with N virtual workers, no MPI (:mod:`ebsp_mpi.sim`);
 - ``profile``, ``plan``: OSDP's per-layer profile and its plan under a memory limit
-  (:mod:`ebsp_mpi.plan.commands`);
+  (:mod:`ebsp_mpi.plan_cli`);
 - ``report``, ``compare``, ``timeline``: the analysis of finished runs and sweeps: tables and figures,
   time to accuracy against BSP, Perfetto JSON (:mod:`ebsp_mpi.analysis.cli`).
 
@@ -101,7 +101,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     from .sim import cli as simulate  # standard library only until a simulation runs
 
     simulate.add_parser(sub)
-    from .plan import commands as osdp  # standard library only until they run
+    from . import plan_cli as osdp  # standard library only until they run
 
     osdp.add_parsers(sub)
     from .analysis import cli as analysis  # standard library only until an analysis command runs

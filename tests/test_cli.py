@@ -146,7 +146,7 @@ def test_parsing_train_builds_no_other_commands_parser():
     import, are left out of its start-up; the full parser still has them all."""
     code = ("import sys; from ebsp_mpi import cli; p = cli._parser('train'); a = p.parse_args(['train', '-q']); "
             "print(a.run.__name__, sorted(m for m in ('ebsp_mpi.sweep', 'ebsp_mpi.bench.cli', 'ebsp_mpi.sim.cli', "
-            "'ebsp_mpi.plan.commands', 'ebsp_mpi.analysis.cli') if m in sys.modules))")
+            "'ebsp_mpi.plan_cli', 'ebsp_mpi.analysis.cli') if m in sys.modules))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "_train []"

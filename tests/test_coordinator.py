@@ -10,7 +10,7 @@ import pytest
 
 from ebsp_mpi.config import SyncConfig
 from ebsp_mpi.sync.base import Record
-from ebsp_mpi.sync.coordinator import Apply, Coordinator, Reject, Reply, Round
+from ebsp_mpi.sync.coordinator import Apply, Coordinator, Executor, Reject, Reply, Round
 from ebsp_mpi.sync.registry import POLICIES, make_policy
 
 
@@ -170,3 +170,56 @@ def test_every_model_ends_every_worker_once_on_random_events(model):
     assert c.pushes == [limit] * n
     assert c.version == (rounds if c.policy.round_based else applied)
     assert not math.isnan(t)
+
+
+def untimed(actions):
+    """`actions` with the seconds a ZipLine call took left out of its record (no two runs agree)."""
+    return [Record(a.table, {k: v for k, v in a.row.items() if k != "seconds"}) if isinstance(a, Record) else a
+            for a in actions]
+
+
+class Calls(Executor):
+    """An executor that notes every call; its apply only when `steps` (None: the coordinator skips it)."""
+
+    def __init__(self, steps: bool):
+        self.calls = []
+        if steps:
+            self.apply = lambda worker, version: self.calls.append(Apply(worker, version))
+
+    def reject(self, worker, iteration):
+        self.calls.append(Reject(worker, iteration))
+
+    def reply(self, worker, version, stop):
+        self.calls.append(Reply(worker, version, stop))
+
+    def round(self, members, version, released):
+        after = version + 1 if members else version
+        self.calls.append(Round(members, version, tuple(Reply(w, after, stop) for w, stop in released)))
+
+    def record(self, record):
+        self.calls.append(record)
+
+
+@pytest.mark.parametrize("model", POLICIES)
+@pytest.mark.parametrize("steps", [True, False])
+def test_an_executor_is_called_with_the_actions_push_returns_in_their_order(model, steps):
+    """push_to (the simulator's way, no records) and push (the server's, typed records) carry out the same
+    decisions: the same events, with rejects, a time limit and iteration limits, give the same calls in the
+    same order; an executor without an apply is not asked to apply."""
+    rng = np.random.default_rng(3)
+    n, sync = 6, dict(staleness=1, dssp_range=2, lookahead=2, sample=2)
+    typed, called = (coordinator(model, n, limit=15, stop_seconds=25.0, **sync) for _ in range(2))
+    executor = Calls(steps)
+    pending = [a.worker for a in typed.start(0.0)]
+    called.start_to(executor, 0.0)
+    t = 0.0
+    while pending:
+        w = pending.pop(int(rng.integers(len(pending))))
+        t += float(rng.exponential(0.3))
+        rejected = bool(rng.random() < 0.1)
+        executor.calls.clear()
+        actions = typed.push(w, t, rejected)
+        called.push_to(executor, w, t, rejected)
+        assert untimed(executor.calls) == untimed([a for a in actions if steps or not isinstance(a, Apply)])
+        pending += [r.worker for r in replies(actions) if not r.stop]
+    assert typed.finished and called.finished and typed.version == called.version

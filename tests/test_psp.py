@@ -9,7 +9,7 @@ import pytest
 from ebsp_mpi.config import SyncConfig
 from ebsp_mpi.sync.psp import PSP
 from ebsp_mpi.sync.registry import make_policy
-from ebsp_mpi.sync.simulate import simulate
+from ebsp_mpi.sim.events import simulate
 from ebsp_mpi.sync.ssp import SSP
 from mpirun import train
 

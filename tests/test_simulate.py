@@ -19,7 +19,7 @@ from ebsp_mpi.straggler import SlowPhase, StragglerModel, straggler_model
 from ebsp_mpi.sync.bsp import BSP
 from ebsp_mpi.sync.dssp import DSSP
 from ebsp_mpi.sync.registry import make_policy
-from ebsp_mpi.sync.simulate import simulate
+from ebsp_mpi.sim.events import simulate
 from ebsp_mpi.sync.ssp import SSP
 from ebsp_mpi.trace.reader import read_run
 from ebsp_mpi.trace.schema import ITERATIONS, PULLS

@@ -15,7 +15,7 @@ from ebsp_mpi.config import SyncConfig
 from ebsp_mpi.sync.dssp import DSSP
 from ebsp_mpi.sync.elastic import ElasticBSP
 from ebsp_mpi.sync.registry import POLICIES, make_policy
-from ebsp_mpi.sync.simulate import SimulationDeadlock, simulate
+from ebsp_mpi.sim.events import SimulationDeadlock, simulate
 from ebsp_mpi.sync.ssp import SSP
 
 # ---------------------------------------------------------------------------------------------------
@@ -313,7 +313,7 @@ def test_sim_ssp_zero_matches_bsp_timeline():
 # the simulator itself
 
 
-def test_sim_interval_function_gets_worker_and_iteration():
+def test_siminterval_function_gets_worker_and_iteration():
     seen = []
 
     def interval(w, k):

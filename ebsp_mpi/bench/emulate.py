@@ -12,7 +12,7 @@ The model is the default job's MLP ([128] hidden, ReLU) on 64 features and 10 cl
 at lr 0.005 without momentum (at the default job's step, n stale pushes diverge); the data are
 synthetic (``data.name = synthetic``), with 32 samples per batch and at least 4 batches per worker, so
 that 1,024 workers each have a shard (the UCI digits' 1,438 training images shard to 44 at most).
-The iteration times are the scaling study's pattern (``bench.simulate.intervals``).
+The iteration times are the scaling study's pattern (``bench.workload.intervals``).
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ import time
 import numpy as np
 
 from ebsp_mpi import build
-from ebsp_mpi.bench.report import record
-from ebsp_mpi.bench.simulate import POLICIES, intervals, timed_simulation
+from ebsp_mpi.bench.workload import chosen, intervals, keep, print_header, timed_simulation
 from ebsp_mpi.config import load_job
 from ebsp_mpi.run_description import describe
 from ebsp_mpi.sim.training import EmulatedTrainer
@@ -75,21 +74,16 @@ def main_train(workers: int, iterations: int, seed: int, wanted: list[str], reco
           "per policy, each against a bare loop of the same gradients and steps (nothing else) timed just before it")
     header = (f"{'policy':<18} | {'seconds':>8} {'pushes/s':>9} | {'bare s':>7} | {'x bare loop':>11} "
               f"{'range':>11} {'overhead':>9} | {'copies':>6}")
-    print(header)
-    print("-" * len(header))
-    for label, sync in POLICIES:
-        if sync.model not in wanted:
-            continue
+    print_header(header)
+    for label, sync in chosen(wanted):
         pairs = [_pair(job, workers, sync, table, iterations, seed) for _ in range(reps)]
         seconds, bare = float(np.median([p[0] for p in pairs])), float(np.median([p[1] for p in pairs]))
         ratios = sorted(p[0] / p[1] for p in pairs)
         ratio, peak = float(np.median(ratios)), pairs[-1][2]
         print(f"{label:<18} | {seconds:8.2f} {gradients / seconds:9.0f} | {bare:7.2f} | {ratio:11.2f} "
               f"{ratios[0]:5.2f}-{ratios[-1]:<5.2f} {ratio - 1:+9.1%} | {peak:>6}")
-        if records is not None:
-            # the figure and the reference are medians; their ratio is near, not equal to, the median ratio
-            records.append(record("simulate", f"train {label} n={workers} K={iterations}", seconds, "s",
-                                  "bare gradient + step loop", bare))
+        # the figure and the reference are medians; their ratio is near, not equal to, the median ratio
+        keep(records, f"train {label} n={workers} K={iterations}", seconds, "bare gradient + step loop", bare)
     return 0
 
 

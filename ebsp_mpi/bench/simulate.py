@@ -3,7 +3,7 @@
 Workload (the scaling study's pattern, docs/simulation.md): n workers whose speeds spread
 log-uniformly over 4x, each iteration times a log-normal jitter (sigma 0.2), cycled from a seeded
 (n, 256) table. Every policy runs ``--iterations`` pushes per worker through
-:func:`ebsp_mpi.sync.simulate.simulate` (ElasticBSP calling ZipLine at every barrier, its time
+:func:`ebsp_mpi.sim.events.simulate` (ElasticBSP calling ZipLine at every barrier, its time
 included). The peer, timed in the same run, is the bare loop of the same events: pop the next push
 from a :mod:`heapq`, look up the worker's next interval, push it back; no policy, no bookkeeping, the
 floor of any event loop written in Python. The ratio is policy seconds over bare-loop seconds.
@@ -22,28 +22,8 @@ import time
 
 import numpy as np
 
-from ebsp_mpi.bench.report import record
-from ebsp_mpi.config import SyncConfig
-from ebsp_mpi.sync.registry import make_policy
-from ebsp_mpi.sync.simulate import simulate
+from ebsp_mpi.bench.workload import POLICIES, chosen, intervals, keep, print_header, timed_simulation
 from ..safe_text import integer
-
-#: (label, [sync] section) of each policy timed
-POLICIES = (
-    ("bsp", SyncConfig(model="bsp")),
-    ("asp", SyncConfig(model="asp")),
-    ("ssp(s=3)", SyncConfig(model="ssp", staleness=3)),
-    ("dssp(s=3,r=3)", SyncConfig(model="dssp", staleness=3, dssp_range=3)),
-    ("elasticbsp(R=15)", SyncConfig(model="elasticbsp", lookahead=15)),
-    ("psp(β=2,s=3)", SyncConfig(model="psp", sample=2, staleness=3)),
-)
-
-
-def intervals(n: int, seed: int, columns: int = 256) -> np.ndarray:
-    """(n, columns) seconds: a log-uniform spread of speeds over 4x times log-normal jitter."""
-    rng = np.random.default_rng(seed)
-    speed = np.exp(rng.uniform(0.0, np.log(4.0), n)) * 0.01
-    return speed[:, None] * rng.lognormal(0.0, 0.2, (n, columns))
 
 
 def bare_loop(table: np.ndarray, iterations: int) -> float:
@@ -61,16 +41,6 @@ def bare_loop(table: np.ndarray, iterations: int) -> float:
             count[w] = k + 1
             heappush(heap, (t + rows[w][k % m], w))
     return time.perf_counter() - started
-
-
-def timed_simulation(sync: SyncConfig, workers: int, table: np.ndarray, iterations: int, seed: int,
-                     trainer=None):
-    """``(result, seconds)`` of one policy's simulation of `workers` x `iterations` pushes over `table`
-    (with `trainer`: real weights, its set-up already done)."""
-    policy = make_policy(sync, workers, seed=seed)
-    started = time.perf_counter()
-    result = simulate(policy, table, iterations, keep_releases=False, trainer=trainer)
-    return result, time.perf_counter() - started
 
 
 def main(argv=None, records: list | None = None) -> int:
@@ -101,18 +71,13 @@ def main(argv=None, records: list | None = None) -> int:
     print(f"bare heapq loop: {bare:.2f} s, {events / bare / 1e3:,.0f} k pushes/s")
     header = (f"{'policy':<18} | {'seconds':>8} {'k pushes/s':>11} | {'x bare loop':>11} | "
               f"{'barriers':>8} {'ZipLine s':>9}")
-    print(header)
-    print("-" * len(header))
-    for label, sync in POLICIES:
-        if sync.model not in wanted:
-            continue
+    print_header(header)
+    for label, sync in chosen(wanted):
         result, seconds = timed_simulation(sync, args.workers, table, args.iterations, args.seed)
         zipline = sum(r.row["seconds"] for r in result.records if r.table == "zipline")
         print(f"{label:<18} | {seconds:8.2f} {result.pushes / seconds / 1e3:11.0f} | {seconds / bare:11.2f} | "
               f"{result.barriers:>8} {zipline:9.2f}")
-        if records is not None:
-            records.append(record("simulate", f"{label} n={args.workers} K={args.iterations}", seconds, "s",
-                                  "bare heapq loop", bare))
+        keep(records, f"{label} n={args.workers} K={args.iterations}", seconds, "bare heapq loop", bare)
     return 0
 
 

@@ -7,8 +7,8 @@
   samples per second under a per-worker memory limit (exact search); :mod:`.osdp_authors` solves the
   authors' own problem on their profile; :mod:`.osdp_files` reads and writes profiles and plans.
 
-The subpackage :mod:`.commands` (the ``profile`` and ``plan`` subcommands) is the one part that is not
-pure: it builds the job's model and times it on the device. Nothing here imports it.
+The ``profile`` and ``plan`` subcommands, which build the job's model and time it on the device, are
+not pure and live outside, in :mod:`ebsp_mpi.plan_cli`; nothing here imports them.
 
 See docs/design.md, "Hybrid communication" and "OSDP".
 """

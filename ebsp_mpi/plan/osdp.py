@@ -5,7 +5,7 @@ OSDP (Jiang et al., IJCAI 2023) chooses per operator between replicated paramete
 gathered just in time, and splits large operators. Here the servers hold the shards, so "sharded" is
 *on-demand*: the worker pulls a layer's weights just before its forward, drops them, pulls them again
 just before its backward and drops them once its gradient is pushed. This module is the cost model
-and an exact search over it: pure (no MPI, no arrays), from a profile (:mod:`ebsp_mpi.plan.commands.profile`).
+and an exact search over it: pure (no MPI, no arrays), from a profile (:mod:`ebsp_mpi.plan_cli.profile`).
 
 Blocks and choices
 ------------------
@@ -86,7 +86,7 @@ host receives) a fetch proceeds while the item before computes::
                 + overhead                                a constant per iteration from the profile
 
 Without overlap (NumPy: the worker's own core receives what it fetches) every fetch is waited for:
-``max(0, fetch − ran)`` becomes ``fetch``. ``update`` is profiled (:mod:`ebsp_mpi.plan.commands.profile`); the mean
+``max(0, fetch − ran)`` becomes ``fetch``. ``update`` is profiled (:mod:`ebsp_mpi.plan_cli.profile`); the mean
 of the round's gradients under BSP adds a pass per further worker, which the overhead counts.
 
 Both the peak's buffer term and the waits are sums or maxima of terms over **adjacent items**, and

@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 from .. import build
 from ..plan.osdp_schedule import Schedule, make_schedule
+from ..sync.registry import round_based
 from .hybrid import SFBLayer, parts_of_chunks, sfb_layers
 from .protocol import COALESCE_BYTES, Chunk, Shard, coalesce_chunks, owner_of_chunks, plan_chunks, plan_shards
 
@@ -145,7 +146,7 @@ def make_layout(ctx, job, model, plan=build.FROM_JOB) -> Layout:
 
         raise UsageError(str(e)) from None
     return Layout(chunks=chunks, chunk_parts=chunk_parts, chunk_bytes=chunk_bytes, sfb=sfb,
-                  sfb_bsp=bool(sfb) and job.sync.model == "bsp", hybrid_plan=plan, shards=shards,
+                  sfb_bsp=bool(sfb) and round_based(job.sync), hybrid_plan=plan, shards=shards,
                   owner=owner_of_chunks(shards), schedule=schedule, **_units_in_chunks(schedule, chunks))
 
 

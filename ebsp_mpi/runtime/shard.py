@@ -114,8 +114,11 @@ class ShardStore:
         self.mean_buf = np.empty_like(params) if round_based else None  # a round's mean
         self._make_receives(ctx, self.pushed_chunks)
         self.stream = RoundStream(self, version, job.runtime.stream_rounds) if round_based else None
-        # a streamed round paces the pushes: see expect_push
-        self.pace = max(2, PACE_BYTES // layout.chunk_bytes) if self.stream is not None and self.stream.early else None
+        # a streamed round paces the pushes (expect_push), but not OSDP's: a worker sends an on-demand
+        # unit's gradient from its fetch buffer and waits for that send before it fetches the next unit
+        # into it, so a receive posted later than the send would never be posted (a hang, seen)
+        paced = self.stream is not None and self.stream.early and layout.schedule is None
+        self.pace = max(2, PACE_BYTES // layout.chunk_bytes) if paced else None
         self.send_order = _send_order(self.pushed_chunks, layout, job.runtime.wait_free_backprop)
         self.posted = np.zeros(self.n, dtype=np.int64)  # per worker, its push's chunks with a receive posted
         self.turn = np.argsort(self.send_order)  # each pushed chunk's place in the send order

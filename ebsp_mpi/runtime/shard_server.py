@@ -19,7 +19,7 @@ from collections import deque
 import numpy as np
 from mpi4py import MPI
 
-from ..sync.registry import make_policy
+from ..sync.registry import round_based as model_round_based
 from .comm import HOUSEKEEPING_S, Context, KeepAlive, Silence, open_rank_trace, wait_all
 from .faults import fault_for
 from .fetch import FetchServer
@@ -41,7 +41,7 @@ class ShardServer:
         self.params = model.space.data
         self.layout = make_layout(ctx, job, model, description.plan_doc)
         # rank 0 alone runs the policy; this server only needs to know whether it applies rounds
-        round_based = make_policy(job.sync, ctx.workers, seed=job.seed).round_based
+        round_based = model_round_based(job.sync)
         self.store = ShardStore(ctx, job, self.params, self.layout, ctx.rank, round_based,
                                 resume.version if resume is not None else 0)
         self.limits = [float("inf") if lim is None else lim for lim in worker_limits(description.limits, self.layout)]

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..config import JobConfig, to_dict
 from ..errors import UsageError
-from ..sync.simulate import SimResult
+from .events import SimResult
 
 #: Keys of ``[sync]`` that may differ without changing what the policy decides
 _FREE_SYNC_KEYS = {"workers"}

@@ -6,7 +6,7 @@ monitors again) and answers every worker at once, and the work done after the ch
 replay that runs through diverges from it there (ElasticBSP's barriers land elsewhere, and its waits
 differ by 15 - 20 % on a run resumed once). This one does what the server did:
 
-- between restarts it runs the coordinator as :func:`ebsp_mpi.sync.simulate.simulate` does, except
+- between restarts it runs the coordinator as :func:`ebsp_mpi.sim.events.simulate` does, except
   that a worker released for the iteration the next restart gives it (the checkpoint's count) does not
   start it: the recorded run's worker started that work and lost it;
 - at a restart, at its recorded time (or once the segment's last push is in, if later), a fresh policy
@@ -27,32 +27,30 @@ from collections.abc import Callable, Sequence
 
 from ..sync.base import SyncPolicy
 from ..sync.coordinator import Coordinator
-from ..sync.simulate import SimResult, _interval_function, _Run
+from .events import SimResult, Simulation, interval_function
 from .workers import Restart
 
 
-class RestartedRun(_Run):
+class RestartedRun(Simulation):
     """One replay with restarts (see the module docstring)."""
 
     def __init__(self, coordinator: Coordinator, interval, t0: float, limits: Sequence[int | None], until: float):
         super().__init__(coordinator, interval, keep_releases=False, t0=t0)
+        self.plain = False  # its own reply
         self.limits, self.until = list(limits), until
         # the count at which a worker's next release is parked until the restart (inf: none)
         self.parked_at: list[float] = [math.inf] * coordinator.workers
         #: per worker, the iterations a restart cut short: iteration index -> the time of the reply that ended it
         self.ends: list[dict[int, float]] = [{} for _ in range(coordinator.workers)]
 
-    def replies(self, replies, t: float, released: list[int]) -> None:
-        for r in replies:
-            w = r.worker
-            if r.stop or self.coordinator.pushes[w] < self.parked_at[w]:
-                super().replies((r,), t, released)
-                continue
-            # released for the iteration the restart starts again: the recorded worker lost that work
-            self.wait[w] += t - self.pulled_at[w]
-            self.pulled_at[w] = None
-            self.ends[w][self.coordinator.pushes[w] - 1] = t
-            released.append(w)
+    def reply(self, w: int, version: int, stop: bool) -> None:
+        if stop or self.coordinator.pushes[w] < self.parked_at[w]:
+            super().reply(w, version, stop)
+            return
+        # released for the iteration the restart starts again: the recorded worker lost that work
+        self.wait[w] += self.now - self.pulled_at[w]
+        self.pulled_at[w] = None
+        self.ends[w][self.coordinator.pushes[w] - 1] = self.now
 
     def segment(self, counts: Sequence[int]) -> float:
         """Run until every worker has pushed ``counts[w]`` (or stopped); the time of the last push."""
@@ -60,16 +58,10 @@ class RestartedRun(_Run):
         last = -math.inf
         while self.heap:
             last = self.heap[0][0]
-            self._take_push()
+            t, w = heapq.heappop(self.heap)
+            self.push(w, t)
         self.parked_at = [math.inf] * len(counts)
         return last
-
-    def _take_push(self) -> None:
-        t, w = heapq.heappop(self.heap)
-        self.pushes[w].append(t)
-        self.before[w].append(self.coordinator.version)
-        self.pulled_at[w] = t
-        self.carry_out(self.coordinator.push(w, t), t)
 
     def restart(self, t: float, policy: SyncPolicy, waits: Sequence[float | None] = ()) -> None:
         """Restart at `t` as the server does on ``--resume``: a fresh `policy` with the counts and the
@@ -89,7 +81,7 @@ class RestartedRun(_Run):
             if wait is not None and last >= 0 and math.isnan(self.end[w]):
                 self.ends[w][last] = self.pushes[w][last] + wait  # as the recorded worker had it
             self.pulled_at[w] = t
-        self.carry_out(coordinator.start(t), t)
+        self.start(t)
         for w, (e, v) in enumerate(ended):
             if not math.isnan(e):
                 self.end[w], self.stop_version[w] = e, v
@@ -102,8 +94,8 @@ def simulate_resumed(make_policy: Callable[[], SyncPolicy], intervals, limit: in
     policy = make_policy()
     n = policy.workers
     limits = [limit] * n
-    run = RestartedRun(Coordinator(policy, limits, until), _interval_function(intervals, n), 0.0, limits, until)
-    run.carry_out(run.coordinator.start(0.0), 0.0)
+    run = RestartedRun(Coordinator(policy, limits, until), interval_function(intervals, n), 0.0, limits, until)
+    run.start(0.0)
     for restart in restarts:
         last = run.segment(restart.counts)
         run.restart(max(restart.t, last), make_policy(), restart.waits)

@@ -39,7 +39,7 @@ from ..outputs import AccuracyTargets, build_summary, identity_keys, write_model
 from ..progress import Progress
 from ..straggler import straggler_model
 from ..sync.registry import make_policy
-from ..sync.simulate import RecordingExhausted, ReplayMismatch, SimResult, simulate
+from .events import RecordingExhausted, ReplayMismatch, SimResult, simulate
 from ..trace.schema import (BARRIER_MEMBERS, BARRIERS, EVALS, ITERATIONS, PULLS, PUSHES, TABLES,
                             WORKER_ITERATIONS, WORKERS_FILE, ZIPLINE)
 from ..trace.writer import encode_attrs, trace_path, write_whole

@@ -34,6 +34,29 @@ COLUMNS = ("member", "status", "model", "seed", "workers", "pushes", "simulated_
            "error_median_ms", "error_p99_ms", "z", "simulation_s")
 
 
+def _checked_jobs(sweep, base: str | None, train: bool) -> list:
+    """Every member's job, each checked before the first runs: its keys, its ``sync.workers``, and all
+    its own run would refuse (its shards, its limits, its memory)."""
+    from ..config import load_job
+    from ..sweep.spec import SweepError
+    from .run import check_simulation
+
+    jobs = []
+    for m in sweep.members:
+        try:
+            job = load_job(base, m.overrides)
+        except UsageError as e:
+            raise SweepError(f"{sweep.path}: member {m.name!r}: {e}") from None
+        if not job.sync.workers:
+            raise SweepError(f"{sweep.path}: member {m.name!r}: set sync.workers (the virtual workers)")
+        try:
+            check_simulation(job, job.sync.workers, train=train)
+        except UsageError as e:
+            raise SweepError(f"{sweep.path}: member {m.name!r}: {e}") from None
+        jobs.append(job)
+    return jobs
+
+
 def run_sweep(path: str, out: str | None, show_progress: bool = True, train: bool = False) -> Path:
     """Simulate every member of the sweep file `path` into `out`; write the manifest and the table.
     With `train`, every member trains real weights (``simulate --train``), and the accuracy table and
@@ -48,27 +71,14 @@ def run_sweep(path: str, out: str | None, show_progress: bool = True, train: boo
     A member whose training diverged (``outputs.training_failed``) runs to its end, as live, and is
     ``failed`` in the manifest and marked in the tables: :func:`sweep_failure` says so.
     """
-    from ..config import load_job
     from ..outputs import make_run_dir, release_lock, remove_if_unused, training_failed
     from ..sweep.runner import Outcome, default_out, write_manifest
     from ..sweep.spec import SweepError, load_sweep
-    from .run import check_simulation, simulate_job
+    from .run import simulate_job
 
     sweep = load_sweep(path)
     base = str(sweep.base) if sweep.base else None
-    jobs = []
-    for m in sweep.members:  # every member checked before the first runs
-        try:
-            job = load_job(base, m.overrides)
-        except UsageError as e:
-            raise SweepError(f"{sweep.path}: member {m.name!r}: {e}") from None
-        if not job.sync.workers:
-            raise SweepError(f"{sweep.path}: member {m.name!r}: set sync.workers (the virtual workers)")
-        try:  # all a member's own run would refuse (its shards, its limits, its memory), before any runs
-            check_simulation(job, job.sync.workers, train=train)
-        except UsageError as e:
-            raise SweepError(f"{sweep.path}: member {m.name!r}: {e}") from None
-        jobs.append(job)
+    jobs = _checked_jobs(sweep, base, train)
     out_dir = Path(out) if out else default_out(sweep)
     made_out = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)

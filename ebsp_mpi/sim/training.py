@@ -30,7 +30,8 @@ from ..nn.kernels import all_finite
 from ..nn.staleness import StalenessRule
 from ..nn.versions import VersionStore
 from ..outputs import AccuracyTargets
-from ..sync.simulate import Trainer
+from ..sync.registry import round_based
+from .events import Trainer
 
 #: Evaluations a run may ask for (``eval.every_seconds`` against its virtual length): each is a row of
 #: the server's ``evals`` and of the summary, so past this the job is refused, in one line
@@ -88,7 +89,7 @@ class EmulatedTrainer(Trainer):
         self.free: list[np.ndarray] = []
         # Only BSP's round keeps pushes unapplied past the next gradient; every other model applies (or
         # rejects) a push within its own event, so its gradient is read where the model left it
-        self.keep_gradients = job.sync.model == "bsp"
+        self.keep_gradients = round_based(job.sync)
         self.model_holds: int | None = None  # the version in the model's buffer (None: not known)
         self.last_loss = np.full(workers, np.nan)
         self.version = 0

@@ -4,7 +4,7 @@ A virtual worker released at time r for its k-th iteration goes through the phas
 trace records (``trace.schema.ITERATIONS``): the reply's transit (``down``), its real compute, the
 injected straggler delay, the push (``t_push - t_compute_end``) and the push's transit to the server
 (``up``). Their sum is the *interval*, release to push arrival, that
-:func:`ebsp_mpi.sync.simulate.simulate` schedules; ``parts(w, start, push)`` gives the phases of worker
+:func:`ebsp_mpi.sim.events.simulate` schedules; ``parts(w, start, push)`` gives the phases of worker
 w's iterations back for the trace, given their release and push times, and one more: those of the
 reply that stopped it.
 

@@ -1,7 +1,7 @@
 """Synchronization models as pure policies over push events (no MPI, no clock of their own).
 
 The same objects drive the live parameter server, the unit tests (scripted event sequences) and the
-discrete-event simulator (:mod:`.simulate`). See :mod:`.base` for the protocol and docs/design.md
+discrete-event simulator (:mod:`ebsp_mpi.sim.events`). See :mod:`.base` for the protocol and docs/design.md
 ("Synchronization models") for the semantics each model holds.
 """
 

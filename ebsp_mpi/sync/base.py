@@ -20,7 +20,7 @@ Terms follow the papers: ``done[i]`` is the number of gradients worker i has pus
 point where held workers are released together, *staleness* bounds how far ahead a worker may run.
 
 Cost: every call is O(log n) or amortised O(1) in the number of workers n (a release of k workers costs
-O(k) more), so that the simulator (:mod:`.simulate`) can drive thousands of virtual workers. The push
+O(k) more), so that the simulator (:mod:`ebsp_mpi.sim.events`) can drive thousands of virtual workers. The push
 counts live in a Python list (a NumPy element costs several times more to read and write), and the
 minimum over the active workers is kept by a count of workers per push count instead of a reduction.
 """

@@ -16,8 +16,11 @@ in order:
 - :class:`~ebsp_mpi.sync.base.Record` -- a trace row of the policy's (a barrier, a ZipLine call).
 
 The drivers carry the actions out and decide nothing: the MPI server (``runtime/server.py``, and
-through its order stream the other servers) and the event simulator (:mod:`.simulate`). The
-single-process reference trainer does not use it: it is the oracle the MPI runs are checked against.
+through its order stream the other servers) takes them as a list of typed records
+(:meth:`Coordinator.push`); the event simulator (:mod:`ebsp_mpi.sim.events`), which makes millions of pushes, is
+an :class:`Executor` whose methods the coordinator calls in the same order, with no record made
+(:meth:`Coordinator.push_to`). The single-process reference trainer does not use it: it is the oracle
+the MPI runs are checked against.
 
 Events: :meth:`~Coordinator.start` (every worker pulls the initial weights),
 :meth:`~Coordinator.push` (worker w's push at time t, which is also its request to pull: a worker
@@ -29,7 +32,7 @@ departure is told to the policy, which may release workers it was holding.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from .base import Decision, Record, SyncPolicy
@@ -71,6 +74,58 @@ class Round(NamedTuple):
 Action = Apply | Reject | Reply | Round | Record
 
 
+class Executor:
+    """What carries the coordinator's actions out, one method per action, called in the order of the
+    actions (:meth:`Coordinator.push_to`). A reject and a record do nothing unless overridden.
+
+    Attributes
+    ----------
+    apply : callable ``(worker, version)`` or None
+        :class:`Apply`; None (the default): an apply has nothing to do here, and is not called (the
+        simulator without weights, which makes millions of pushes).
+    """
+
+    apply: Callable[[int, int], None] | None = None
+
+    def reject(self, worker: int, iteration: int) -> None:
+        """:class:`Reject`."""
+
+    def reply(self, worker: int, version: int, stop: bool) -> None:
+        """:class:`Reply`."""
+        raise NotImplementedError
+
+    def round(self, members: tuple[int, ...], version: int, released: list[tuple[int, bool]]) -> None:
+        """:class:`Round`: its replies are ``(worker, stop)`` in `released`, with the version after the
+        step (`version` + 1, or `version` when `members` is empty)."""
+        raise NotImplementedError
+
+    def record(self, record: Record) -> None:
+        """:class:`~ebsp_mpi.sync.base.Record`."""
+
+
+class Actions(Executor):
+    """An executor that keeps the actions as typed records, in order (:attr:`actions`)."""
+
+    def __init__(self):
+        self.actions: list[Action] = []
+
+    def apply(self, worker: int, version: int) -> None:
+        self.actions.append(Apply(worker, version))
+
+    def reject(self, worker: int, iteration: int) -> None:
+        self.actions.append(Reject(worker, iteration))
+
+    def reply(self, worker: int, version: int, stop: bool) -> None:
+        self.actions.append(Reply(worker, version, stop))
+
+    def round(self, members: tuple[int, ...], version: int, released: list[tuple[int, bool]]) -> None:
+        after = version + 1 if members else version
+        self.actions.append(Round(members, version, tuple(Reply(w, after, stop) for w, stop in released)))
+
+    def record(self, record: Record) -> None:
+        self.actions.append(record)
+
+
 class Coordinator:
     """Rank 0's decisions over `policy` (a fresh :class:`~ebsp_mpi.sync.base.SyncPolicy`).
 
@@ -98,6 +153,7 @@ class Coordinator:
         self.left: set[int] = set()
         self.round_members: list[int] = []  # BSP: the accepted pushes of the open round
         self.stopping = False
+        self._open_until = self.stop_seconds  # a worker released before this time goes on; -inf: stopping
 
     @property
     def finished(self) -> bool:
@@ -107,6 +163,7 @@ class Coordinator:
     def request_stop(self) -> None:
         """Stop every worker at its next pull (SIGTERM: the run checkpoints and ends cleanly)."""
         self.stopping = True
+        self._open_until = -math.inf
 
     def restore(self, version: int, pushes: Sequence[int], rejected: int, policy_state: dict) -> None:
         """Go on from a checkpoint: the counts, and the policy's state (``SyncPolicy.load_state_dict``)."""
@@ -119,68 +176,92 @@ class Coordinator:
     # -- events ---------------------------------------------------------------------------------
 
     def start(self, t: float) -> list[Action]:
-        """Every worker pulls the initial weights."""
-        actions: list[Action] = []
-        self._carry(self.policy.start(t), t, actions)
-        return actions
+        """Every worker pulls the initial weights: the actions."""
+        actions = Actions()
+        self.start_to(actions, t)
+        return actions.actions
 
     def push(self, worker: int, t: float, rejected: bool = False) -> list[Action]:
         """`worker`'s next push arrived whole at `t` (`rejected`: it held NaN or Inf); it now waits
-        for its next weights."""
+        for its next weights. The actions."""
+        actions = Actions()
+        self.push_to(actions, worker, t, rejected)
+        return actions.actions
+
+    def start_to(self, executor: Executor, t: float) -> None:
+        """:meth:`start`, its actions carried out by `executor`."""
+        self._carry(self.policy.start(t), t, executor)
+
+    def push_to(self, executor: Executor, worker: int, t: float, rejected: bool = False) -> None:
+        """:meth:`push`, its actions carried out by `executor`."""
         if worker in self.left:
             raise ValueError(f"worker {worker} pushed after its stop reply")
-        actions: list[Action] = []
+        pushes, policy, limits = self.pushes, self.policy, self.limits
         if rejected:
             self.rejected += 1
-            actions.append(Reject(worker, self.pushes[worker]))
-        elif self.policy.round_based:
+            executor.reject(worker, pushes[worker])
+        elif policy.round_based:
             self.round_members.append(worker)
         else:
-            actions.append(Apply(worker, self.version))
+            if executor.apply is not None:
+                executor.apply(worker, self.version)
             self.version += 1
-        self.pushes[worker] += 1
-        self._carry(self.policy.on_push(worker, t), t, actions)
-        if self.pushes[worker] >= self.limits[worker] and worker not in self.left:
+        done = pushes[worker] = pushes[worker] + 1
+        decision = policy.on_push(worker, t)
+        release = decision.release
+        if len(release) < 2 and t < self._open_until and not decision.apply_round and not policy._records \
+                and done < limits[worker]:
+            # the common case, written out since it is most of a simulation's cost per push: at most one
+            # worker released, nobody stops, no round, no trace row (what _carry would do with it)
+            if not release:
+                return
+            w = release[0]
+            if w == worker or (pushes[w] < limits[w] and w not in self.left):
+                executor.reply(w, self.version, False)
+                return
+        self._carry(decision, t, executor)
+        if done >= limits[worker] and worker not in self.left:
             # its last push: it stops now rather than when the policy would release it
-            actions.append(Reply(worker, self.version, True))
-            self._leave(worker, t, actions)
-        return actions
+            executor.reply(worker, self.version, True)
+            self._leave(worker, t, executor)
 
     # -- carrying a decision out ----------------------------------------------------------------
 
-    def _carry(self, decision: Decision, t: float, actions: list[Action]) -> None:
+    def _carry(self, decision: Decision, t: float, executor: Executor) -> None:
         """The actions of a policy decision. A worker stopped here leaves, and its departure is told to
         the policy, whose decision (it may release, and so stop, others) is carried out in turn: a
         work list, not recursion, since at a time limit thousands of workers may leave in a chain."""
-        pending = [decision]
+        pending, left, pushes, limits = [decision], self.left, self.pushes, self.limits
         while pending:
             decision = pending.pop()
-            self._take_records(actions)
-            released = [(w, self._must_stop(w, t)) for w in decision.release if w not in self.left]
+            if self.policy._records:
+                self._take_records(executor)
+            # a worker stops at its iteration limit, at the time limit, or at a stop request
+            closing = t >= self._open_until
+            released = [(w, closing or pushes[w] >= limits[w]) for w in decision.release if w not in left]
             if decision.apply_round:
-                actions.append(self._close_round(released))
+                self._close_round(released, executor)
             else:
-                actions.extend(Reply(w, self.version, stop) for w, stop in released)
+                for w, stop in released:
+                    executor.reply(w, self.version, stop)
             for w, stop in released:
                 if stop:
-                    self.left.add(w)
+                    left.add(w)
                     pending.append(self.policy.on_leave(w, t))
-        self._take_records(actions)
+        if self.policy._records:
+            self._take_records(executor)
 
-    def _leave(self, worker: int, t: float, actions: list[Action]) -> None:
+    def _leave(self, worker: int, t: float, executor: Executor) -> None:
         self.left.add(worker)
-        self._carry(self.policy.on_leave(worker, t), t, actions)
+        self._carry(self.policy.on_leave(worker, t), t, executor)
 
-    def _close_round(self, released: list[tuple[int, bool]]) -> Round:
+    def _close_round(self, released: list[tuple[int, bool]], executor: Executor) -> None:
         members, version = tuple(sorted(self.round_members)), self.version
         self.round_members.clear()
         if members:
             self.version += 1
-        return Round(members, version, tuple(Reply(w, self.version, stop) for w, stop in released))
+        executor.round(members, version, released)
 
-    def _must_stop(self, worker: int, t: float) -> bool:
-        return self.pushes[worker] >= self.limits[worker] or self.stopping or t >= self.stop_seconds
-
-    def _take_records(self, actions: list[Action]) -> None:
-        if self.policy._records:
-            actions.extend(self.policy.take_records())
+    def _take_records(self, executor: Executor) -> None:
+        for record in self.policy.take_records():
+            executor.record(record)

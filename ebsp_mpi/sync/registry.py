@@ -29,6 +29,20 @@ _BUILDERS: dict[str, Callable[[SyncConfig, int, int], SyncPolicy]] = {
 #: Every model name ``make_policy`` accepts, in the order docs/design.md lists them (``sync.model``'s choices).
 POLICIES = tuple(_BUILDERS)
 
+#: model name -> its class, for what a model is without building one (:func:`round_based`)
+_CLASSES: dict[str, type[SyncPolicy]] = {"bsp": BSP, "asp": ASP, "ssp": SSP, "dssp": DSSP, "elasticbsp": ElasticBSP,
+                                         "psp": PSP}
+
+
+def round_based(sync: SyncConfig) -> bool:
+    """Whether the job's model applies rounds (BSP: the mean of a round's pushes as one step) rather than
+    each push on its own, as its policy says (``SyncPolicy.round_based``): the one place that is decided,
+    for the ranks and layouts that need to know without running the policy."""
+    try:
+        return _CLASSES[sync.model].round_based
+    except KeyError:
+        raise ValueError(f"unknown sync model {sync.model!r}; expected one of {', '.join(POLICIES)}") from None
+
 
 def make_policy(sync: SyncConfig, workers: int, seed: int = 0) -> SyncPolicy:
     """Build the sync policy that the job's ``[sync]`` section names, for ``workers`` workers.

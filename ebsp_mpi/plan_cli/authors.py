@@ -8,7 +8,7 @@ no layer of this project's models; it is a test vector for OSDP's idea, on the a
 from __future__ import annotations
 
 import json
-from ...safe_text import integer
+from ..safe_text import integer
 
 
 def add_arguments(p) -> None:
@@ -25,8 +25,8 @@ def add_arguments(p) -> None:
 
 
 def main(args) -> int:
-    from ...errors import UsageError
-    from .. import osdp_authors as a
+    from ..errors import UsageError
+    from ..plan import osdp_authors as a
 
     if args.job or args.memory_limit or args.profile:
         raise UsageError("--osdp-profile solves the authors' problem: give no JOB, --memory-limit or --profile")
@@ -60,7 +60,7 @@ def main(args) -> int:
 
 
 def _row_batches(text: str, rows: int) -> list[float]:
-    from ...errors import UsageError
+    from ..errors import UsageError
 
     try:
         values = [float(part) for part in text.split(",")]

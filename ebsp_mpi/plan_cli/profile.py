@@ -31,7 +31,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from ...safe_text import integer
+from ..safe_text import integer
 
 DEFAULT_OUT = "osdp-profile.json"
 #: Used when neither --bench nor --latency/--bandwidth is given (and recorded as such).
@@ -41,8 +41,8 @@ NOMINAL_BANDWIDTH = 1e9
 
 def add_parser(subparsers) -> None:
     """Register ``profile`` on the CLI's subparsers (``ebsp_mpi.cli``)."""
-    from ...helptext import plain
-    from . import add_job_arguments
+    from ..helptext import plain
+    from .arguments import add_job_arguments
 
     p = subparsers.add_parser("profile", help="time each layer's forward and backward and a step's memory for "
                                               "OSDP's planner; writes a profile (JSON)",
@@ -73,8 +73,8 @@ def add_profile_options(p: argparse.ArgumentParser) -> None:
 
 
 def main(args) -> int:
-    from ...config import load_job
-    from ..osdp_files import write_json
+    from ..config import load_job
+    from ..plan.osdp_files import write_json
 
     job = load_job(args.job, args.overrides)
     doc = run_profile(job, args)
@@ -86,11 +86,11 @@ def main(args) -> int:
 
 def run_profile(job, args) -> dict:
     """Profile `job`'s model as the options in `args` say; the profile document."""
-    from ... import build
-    from ...backend import resolve_backend
-    from ...errors import UsageError
-    from ...progress import Progress
-    from ..osdp_files import PROFILE_FORMAT, PROFILE_VERSION, check_batches_fit, model_identity, model_layers
+    from .. import build
+    from ..backend import resolve_backend
+    from ..errors import UsageError
+    from ..progress import Progress
+    from ..plan.osdp_files import PROFILE_FORMAT, PROFILE_VERSION, check_batches_fit, model_identity, model_layers
 
     batch_sizes = parse_batch_sizes(args.batch_sizes) if args.batch_sizes else [job.data.batch_size]
     splits = parse_splits(args.splits)
@@ -166,7 +166,7 @@ def _inputs(model, num_classes: int, b: int):
 def time_step(model, backend, x, y) -> tuple[list[tuple[float, float]], float]:
     """One training step, layer by layer as ``Model.loss_and_grad`` runs it: per layer ``(forward,
     backward)`` seconds (backward 0 below the first layer with parameters), and the loss's."""
-    from ...nn.losses import softmax_cross_entropy
+    from ..nn.losses import softmax_cross_entropy
 
     clock, sync = time.perf_counter, backend.synchronize
     n = len(model.layers)
@@ -196,8 +196,8 @@ def update_time(job, params: int, reps: int, warmup: int) -> float:
     parameters), on NumPy as the servers run it, on a gradient of small random values."""
     import numpy as np
 
-    from ... import build
-    from ...bench.report import median_seconds
+    from .. import build
+    from ..bench.report import median_seconds
 
     n = -(-params // job.runtime.servers)
     rng = np.random.default_rng(0)
@@ -214,7 +214,7 @@ def slice_times(model, backend, layers: list[dict], x_host, y_host, reps: int, w
     slice) run in turn on the layer's input and output gradient of one step: run alone, a layer finds its
     operands in cache, which a step does not, so only their ratio carries over to the step's times.
     """
-    from ...nn.losses import softmax_cross_entropy
+    from ..nn.losses import softmax_cross_entropy
 
     xp, clock, sync = backend.xp, time.perf_counter, backend.synchronize
     h, inputs = backend.asarray(x_host), []
@@ -263,7 +263,7 @@ def slice_times(model, backend, layers: list[dict], x_host, y_host, reps: int, w
 def _slice_units(model, layer, entry: dict, n: int) -> list:
     """The `n` slices of `layer`: ``((W rows, b part, first row), (their values))``, forward order; b
     goes per row (Conv2D) or whole with the last slice (Dense)."""
-    from ..osdp import split_rows
+    from ..plan.osdp import split_rows
 
     W, b = (model.space.param(t) for t in layer.tensor_names)
     units, row = [], 0
@@ -299,7 +299,7 @@ def activation_bytes(model, backend, x_host, y_host) -> int:
 
 
 def parse_batch_sizes(text: str) -> list[int]:
-    from ...errors import UsageError
+    from ..errors import UsageError
 
     try:
         sizes = [int(part) for part in text.split(",") if part.strip()]
@@ -312,7 +312,7 @@ def parse_batch_sizes(text: str) -> list[int]:
 
 def parse_splits(text: str) -> tuple[int, ...]:
     """``--splits``: slice counts, each >= 2 (empty: none)."""
-    from ...errors import UsageError
+    from ..errors import UsageError
 
     try:
         splits = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
@@ -325,9 +325,9 @@ def parse_splits(text: str) -> tuple[int, ...]:
 
 def network_options(args) -> dict:
     """Latency and bandwidth from ``--bench FILE`` or ``--latency``/``--bandwidth`` (nominal without)."""
-    from ...errors import UsageError
-    from ..osdp_files import network_from_bench
-    from ..sizes import parse_size
+    from ..errors import UsageError
+    from ..plan.osdp_files import network_from_bench
+    from ..plan.sizes import parse_size
 
     if args.bench and (args.latency or args.bandwidth):
         raise UsageError("--bench FILE gives latency and bandwidth: give it or --latency/--bandwidth, not both")
@@ -347,7 +347,7 @@ def network_options(args) -> dict:
 
 
 def _seconds(text: str, what: str) -> float:
-    from ...errors import UsageError
+    from ..errors import UsageError
 
     try:
         value = float(text)
@@ -360,7 +360,7 @@ def _seconds(text: str, what: str) -> float:
 
 def print_profile(doc: dict, out=None) -> None:
     """Per layer and batch size: forward and backward milliseconds; then activations and network."""
-    from ..sizes import format_size
+    from ..plan.sizes import format_size
 
     out = out or sys.stdout
     sizes = doc["batch_sizes"]

@@ -19,8 +19,9 @@ DEFAULT_OUT = "plan.json"
 
 def add_parser(subparsers) -> None:
     """Register ``plan`` on the CLI's subparsers (``ebsp_mpi.cli``)."""
-    from ...helptext import plain
-    from . import add_job_arguments, authors
+    from ..helptext import plain
+    from . import authors
+    from .arguments import add_job_arguments
     from .profile import add_profile_options
 
     p = subparsers.add_parser("plan", help="OSDP: per layer resident, on-demand or split under a memory limit "
@@ -45,14 +46,14 @@ def main(args) -> int:
 
 
 def _job(args) -> int:
-    from ... import build
-    from ...config import load_job
-    from ...errors import UsageError
-    from .. import osdp
-    from ..osdp_files import (check_profile_fits, check_profile_splits, cost_models, model_layers,
+    from .. import build
+    from ..config import load_job
+    from ..errors import UsageError
+    from ..plan import osdp
+    from ..plan.osdp_files import (check_profile_fits, check_profile_splits, cost_models, model_layers,
                                   plan_document, read_profile, write_json)
     from .profile import parse_splits
-    from ..sizes import parse_size
+    from ..plan.sizes import parse_size
 
     if args.blocks is not None or args.hidden is not None or args.memory_mb is not None or args.row is not None:
         raise UsageError("--blocks, --hidden, --memory-mb and --row belong to the authors' problem: give "
@@ -122,7 +123,7 @@ def _network_given(profile: dict, args) -> dict:
 
 def print_plan(best, cm, models, limit: int, out=None) -> None:
     """The plan per layer, its peak memory by part, and its time against all-resident."""
-    from .. import osdp
+    from ..plan import osdp
 
     out = out or sys.stdout
     sizes = ", ".join(str(m.batch) for m in models)
@@ -147,13 +148,13 @@ def print_plan(best, cm, models, limit: int, out=None) -> None:
 
 
 def _choices(p, models) -> str:
-    from .. import osdp
+    from ..plan import osdp
 
     cm = next(m for m in models if m.batch == p.batch)
     return ", ".join(f"{b.name} {osdp.describe(s)}" for b, s in zip(cm.blocks, p.choices, strict=True))
 
 
 def _size(nbytes: float) -> str:
-    from ..sizes import format_size
+    from ..plan.sizes import format_size
 
     return format_size(nbytes)

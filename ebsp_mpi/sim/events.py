@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .base import Record, SyncPolicy
-from .coordinator import Apply, Coordinator, Reject, Reply, Round
+from ..sync.base import Record, SyncPolicy
+from ..sync.coordinator import Coordinator, Executor
 
 #: Per-worker constant intervals (seconds); ``interval(worker, k)`` for worker's k-th iteration; an
 #: (n, m) array whose row w worker w cycles through; or an object with ``interval(worker, k, t)`` (t:
@@ -196,10 +196,10 @@ def simulate(policy: SyncPolicy, intervals: Intervals, iterations: int | None = 
     RuntimeError
         When the policy releases a worker whose pull is not pending.
     """
-    interval = None if recorded is not None else _interval_function(intervals, policy.workers)
+    interval = None if recorded is not None else interval_function(intervals, policy.workers)
     limits = _checked_limits(iterations, limits, policy.workers, until)
-    run = _Run(Coordinator(policy, limits, until), interval, keep_releases, t0, trainer)
-    run.carry_out(run.coordinator.start(t0), t0)
+    run = Simulation(Coordinator(policy, limits, until), interval, keep_releases, t0, trainer)
+    run.start(t0)
     if recorded is not None:
         run.replay(recorded)
     else:
@@ -249,9 +249,16 @@ class Trainer:
         """`worker`'s push held NaN or Inf: drop it."""
 
 
-class _Run:
+class Simulation(Executor):
     """One simulation: the workers' records, the heap of pending pushes, and the coordinator's
-    actions carried out on them."""
+    actions carried out on them (an :class:`~ebsp_mpi.sync.coordinator.Executor`: the coordinator
+    calls :meth:`reply` and :meth:`round` as it decides, no action record made).
+
+    The seam for a driver of its own (:mod:`.restarts`): :meth:`start` and :meth:`push` feed it
+    events, :meth:`loop` takes the pending pushes in time order, :meth:`reply` is what a reply does to
+    a virtual worker (a subclass that overrides it sets :attr:`plain` False, so that no reply is
+    carried out without it), :meth:`result` is what was observed.
+    """
 
     def __init__(self, coordinator: Coordinator, interval, keep_releases: bool, t0: float,
                  trainer: Trainer | None = None):
@@ -266,66 +273,97 @@ class _Run:
         self.heap: list[tuple[float, int]] = []
         self.releases: list[Release] = []
         self.records: list[Record] = []
+        self.now = t0  # the time of the event being carried out
+        self.released: list[int] = []  # workers the event released (for a Release), with keep_releases
+        self.closed = False  # the event closed a BSP round
+        # no releases kept, no weights, intervals: reply's common case may be written out (a subclass
+        # that overrides reply sets it False)
+        self.plain = not keep_releases and trainer is None and interval is not None
+        self.apply = None  # without weights, an apply has nothing to do (read here, not from the class)
+        if trainer is not None:  # the weights step before the replies that follow read them
+            self.apply = trainer.apply
+            self.reject = lambda worker, iteration: trainer.reject(worker)
 
-    def replies(self, replies, t: float, released: list[int]) -> None:
-        """Carry out a decision's replies: each worker starts its next iteration (added to `released`),
-        or stops. One loop, not a call per reply: a BSP round answers every worker."""
-        pulled_at, wait, starts, used = self.pulled_at, self.wait, self.starts, self.used
-        trainer, interval, heap, pushes = self.trainer, self.interval, self.heap, self.coordinator.pushes
-        for w, version, stop in replies:
+    # -- the coordinator's actions ---------------------------------------------------------------
+
+    def reply(self, w: int, version: int, stop: bool, heappush=heapq.heappush) -> None:
+        """`w` starts its next iteration on `version`, or stops."""
+        t, pulled_at = self.now, self.pulled_at
+        since = pulled_at[w]
+        if since is None:
+            raise RuntimeError(f"policy {self.policy.name!r} released worker {w} at t={t}, "
+                               f"whose pull was not pending")
+        pulled_at[w] = None
+        self.wait[w] += t - since
+        if stop:
+            self.end[w], self.stop_version[w] = t, version
+            return
+        self.starts[w].append(t)
+        self.used[w].append(version)
+        if self.plain:  # most of a large simulation's replies
+            heappush(self.heap, (t + self.interval(w, self.coordinator.pushes[w], t), w))
+            return
+        if self.keep_releases:
+            self.released.append(w)
+        if self.trainer is not None:
+            self.trainer.released(w, version)
+        if self.interval is not None:  # None: the pushes come from a recording
+            heappush(self.heap, (t + self.interval(w, self.coordinator.pushes[w], t), w))
+
+    def round(self, members: tuple[int, ...], version: int, released: list[tuple[int, bool]]) -> None:
+        """BSP: the round's step (with weights), then its replies."""
+        if self.trainer is not None:
+            self.trainer.round(members, version)
+        self.closed = True
+        after = version + 1 if members else version
+        if not self.plain:
+            for w, stop in released:
+                self.reply(w, after, stop)
+            return
+        # reply() written out for a round's every worker (BSP's cost per push is mostly this)
+        t, pulled_at, wait, starts, used, heap, interval, pushes = self.now, self.pulled_at, self.wait, self.starts, \
+            self.used, self.heap, self.interval, self.coordinator.pushes
+        for w, stop in released:
             since = pulled_at[w]
-            if since is None:
-                raise RuntimeError(f"policy {self.policy.name!r} released worker {w} at t={t}, "
-                                   f"whose pull was not pending")
+            if since is None or stop:
+                self.reply(w, after, stop)
+                continue
             pulled_at[w] = None
             wait[w] += t - since
-            if stop:
-                self.end[w], self.stop_version[w] = t, version
-                continue
             starts[w].append(t)
-            used[w].append(version)
-            released.append(w)
-            if trainer is not None:
-                trainer.released(w, version)
-            if interval is not None:  # None: the pushes come from a recording
-                heapq.heappush(heap, (t + interval(w, pushes[w], t), w))
+            used[w].append(after)
+            heapq.heappush(heap, (t + interval(w, pushes[w], t), w))
 
-    def carry_out(self, actions: list, t: float) -> None:
-        """The coordinator's actions, in order; without weights, an apply or a round only counts (the
-        coordinator counts the versions)."""
-        released, closed = [], False
-        for a in actions:
-            if self.trainer is not None:
-                self._train(a)
-            kind = type(a)
-            if kind is Round:
-                closed = True
-                self.replies(a.replies, t, released)
-            elif kind is Reply:
-                self.replies((a,), t, released)
-            elif kind is Record:
-                self.records.append(a)
-        if self.keep_releases and released:
-            policy = self.policy
-            self.releases.append(Release(t, tuple(released), tuple(policy.pushes(w) for w in released),
-                                         policy.min_done(), len(policy.active), closed))
+    def record(self, record: Record) -> None:
+        self.records.append(record)
 
-    def _train(self, a) -> None:
-        """An action on the weights, before the replies that follow it read them."""
-        if type(a) is Apply:
-            self.trainer.apply(a.worker, a.version)
-        elif type(a) is Round:
-            self.trainer.round(a.members, a.version)
-        elif type(a) is Reject:
-            self.trainer.reject(a.worker)
+    # -- the events --------------------------------------------------------------------------------
 
-    def _push(self, w: int, t: float) -> None:
+    def start(self, t: float) -> None:
+        """Every worker pulls the initial weights."""
+        self.now = t
+        self.coordinator.start_to(self, t)
+        self._kept(t)
+
+    def push(self, w: int, t: float) -> None:
         """One push, the general way: recorded, the trainer told, the coordinator's actions carried out."""
         self.pushes[w].append(t)
         self.before[w].append(self.coordinator.version)
         self.pulled_at[w] = t
+        self.now = t
         rejected = self.trainer.pushed(w, t) if self.trainer is not None else False
-        self.carry_out(self.coordinator.push(w, t, rejected), t)
+        self.coordinator.push_to(self, w, t, rejected)
+        self._kept(t)
+
+    def _kept(self, t: float) -> None:
+        """With keep_releases, the event's :class:`Release`."""
+        released, closed = self.released, self.closed
+        self.closed = False
+        if self.keep_releases and released:
+            policy = self.policy
+            self.releases.append(Release(t, tuple(released), tuple(policy.pushes(w) for w in released),
+                                         policy.min_done(), len(policy.active), closed))
+            self.released = []
 
     def replay(self, recorded: Sequence[tuple[float, int]]) -> None:
         """Take the recorded pushes in their order; each must come from a worker that is computing. A
@@ -337,7 +375,7 @@ class _Run:
             if self.pulled_at[w] is not None:
                 raise ReplayMismatch(f"recorded push {k} (worker {w} at t={t:.6f} s) does not fit: under "
                                      f"{self.policy.name} worker {w} is held, waiting for its release at that point")
-            self._push(w, t)
+            self.push(w, t)
         computing = [w for w, since in enumerate(self.pulled_at) if since is None and w not in self.coordinator.left]
         if computing:
             w = computing[0]
@@ -347,42 +385,21 @@ class _Run:
 
     def loop(self, progress) -> None:
         """Take the pushes in time order until none is pending."""
-        heap, pulled_at, push, pushes = self.heap, self.pulled_at, self.coordinator.push, self.coordinator.pushes
+        heap, heappop, general = self.heap, heapq.heappop, self.keep_releases
+        coordinator, push_to, pulled_at, trainer = self.coordinator, self.coordinator.push_to, self.pulled_at, \
+            self.trainer
         push_append, before_append = [a.append for a in self.pushes], [a.append for a in self.before]
-        start_append, used_append = [a.append for a in self.starts], [a.append for a in self.used]
-        wait, interval, heappop, heappush, coordinator = self.wait, self.interval, heapq.heappop, heapq.heappush, \
-            self.coordinator
-        trainer, general = self.trainer, self.keep_releases
         events = 0
         while heap:
             t, w = heappop(heap)
             if general:  # the releases kept: every push the general way
-                self._push(w, t)
-                events += 1
-                if progress is not None and not events % PROGRESS_EVERY:
-                    progress(events)
-                continue
-            push_append[w](t)
-            before_append[w](coordinator.version)
-            pulled_at[w] = t
-            actions = push(w, t) if trainer is None else push(w, t, trainer.pushed(w, t))
-            if len(actions) == 2 and type(actions[0]) is Apply and type(actions[1]) is Reply \
-                    and not actions[1].stop and pulled_at[actions[1].worker] is not None:
-                # one push applied and a worker released, nothing else (ASP's every push): carry_out()
-                # and replies() written out for speed, in their order (the step, then the release)
-                reply = actions[1]
-                if trainer is not None:
-                    trainer.apply(actions[0].worker, actions[0].version)
-                v = reply.worker
-                wait[v] += t - pulled_at[v]
-                pulled_at[v] = None
-                start_append[v](t)
-                used_append[v](reply.version)
-                if trainer is not None:
-                    trainer.released(v, reply.version)
-                heappush(heap, (t + interval(v, pushes[v], t), v))
-            elif actions:  # none: held, and nobody released (a BSP round or a bound still open)
-                self.carry_out(actions, t)
+                self.push(w, t)
+            else:  # push() written out for speed
+                push_append[w](t)
+                before_append[w](coordinator.version)
+                pulled_at[w] = t
+                self.now = t
+                push_to(self, w, t, False if trainer is None else trainer.pushed(w, t))
             events += 1
             if progress is not None and not events % PROGRESS_EVERY:
                 progress(events)
@@ -409,7 +426,7 @@ def _numpy(values: array, dtype) -> np.ndarray:
     return np.frombuffer(values, dtype=dtype) if len(values) else np.zeros(0, dtype=dtype)
 
 
-def _interval_function(intervals: Intervals, n: int) -> Callable[[int, int, float], float]:
+def interval_function(intervals: Intervals, n: int) -> Callable[[int, int, float], float]:
     """Turn ``intervals`` into a checked ``interval(worker, k, t)`` (seconds, finite, >= 0).
 
     An array is checked once, here; an object whose ``interval`` method checks its own values says so
