@@ -271,8 +271,8 @@ class Server:
 
     def _take_other_messages(self) -> bool:
         """Take the statistics of workers that have stopped, and the other servers' keep-alives and
-        statistics; anything else unmatched is a protocol error (every push and header has a receive
-        posted). True when a message was taken."""
+        statistics; anything else unmatched is a protocol error (every header has a receive posted, and
+        every chunk of a push but those a streamed round posts in turn). True when a message was taken."""
         comm, status, took = self.ctx.comm, MPI.Status(), False
         while True:
             if not (comm.Iprobe(MPI.ANY_SOURCE, STATS_TAG, status) or comm.Iprobe(MPI.ANY_SOURCE, ALIVE_TAG, status)):
