@@ -45,8 +45,8 @@ MODELS = {
     "small": ["model.hidden=[128,64]", "data.batch_size=32"],
     # Poseidon's case, an MLP 4096-4096-10 (16,822,282 parameters, M = 67 MB) on synthetic data: its
     # 4096 x 4096 layer's gradient is 64 MB, its sufficient factors at batch 32 are 1 MB (comm.hybrid).
-    # At the default lr of 0.05 it diverged (test loss 74 after 70 rounds), and NumPy's arithmetic on
-    # the subnormal probabilities that followed made a worker's compute 10 times as slow
+    # At the default lr of 0.05 it diverged (test loss 74 after 70 rounds) and a worker's compute grew
+    # with it, up to 20-fold (docs/cluster.md): a comparison with DDP would measure the divergence
     "wide": ["data.name=synthetic", "data.synthetic_features=4096", "data.synthetic_samples=4096",
              "model.hidden=[4096]", "data.batch_size=32", "optim.lr=0.005"],
 }
