@@ -51,6 +51,14 @@ def _one_step(params, grads, members, momentum=0.9):
     return p, opt.velocity
 
 
+def _opened(store, version: int) -> RoundStream:
+    """A stream whose next round holds the stand-in shard's three workers, none stopping."""
+    stream = RoundStream(store, version=version)
+    for w in range(3):
+        stream.expect(w, last=False)
+    return stream
+
+
 def _round(stream, store, pushes, headers):
     """Every worker pushes chunks in `pushes` order ((worker, chunk) pairs), then `headers` (worker,
     finite) arrive; streamed chunks are applied as they become ready."""
@@ -65,9 +73,7 @@ def _round(stream, store, pushes, headers):
 def test_a_chunk_goes_out_once_every_worker_of_the_round_has_pushed_it():
     store, comm = _store()
     before = store.params.copy()
-    stream = RoundStream(store, version=0)
-    for w in range(3):
-        stream.expect(w, last=False)
+    stream = _opened(store, version=0)
     stream.chunk_in(1)
     stream.chunk_in(1)
     assert not stream.apply_ready(lambda: None) and comm.sent == []  # two of three workers' chunk 1
@@ -95,9 +101,7 @@ def test_a_push_rejected_after_its_chunk_was_applied_redoes_the_round(monkeypatc
     store, comm = _store()
     before = store.params.copy()
     monkeypatch.setattr("ebsp_mpi.runtime.round_stream.wait_all", lambda requests, backoff, on_idle=None: None)
-    stream = RoundStream(store, version=5)
-    for w in range(3):
-        stream.expect(w, last=False)
+    stream = _opened(store, version=5)
     _round(stream, store, [(w, j) for j in range(3) for w in range(3)], [(0, True), (1, False), (2, True)])
     assert stream.redo and len(comm.sent) == 9  # every chunk streamed with worker 1's gradient in it
     with pytest.raises(ProtocolError, match="members"):  # rank 0 and this server must agree
@@ -118,9 +122,7 @@ def test_a_push_rejected_after_its_chunk_was_applied_redoes_the_round(monkeypatc
 def test_a_rejection_known_before_any_chunk_streams_needs_no_redo():
     store, comm = _store()
     before = store.params.copy()
-    stream = RoundStream(store, version=0)
-    for w in range(3):
-        stream.expect(w, last=False)
+    stream = _opened(store, version=0)
     stream.header_in(1, False)  # worker 1's header first: its push is known rejected
     _round(stream, store, [(w, j) for j in range(3) for w in range(3)], [(0, True), (2, True)])
     closed = stream.close((0, 2), 0, lambda: None, None, None)

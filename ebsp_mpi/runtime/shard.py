@@ -122,7 +122,6 @@ class ShardStore:
         self.send_order = _send_order(self.pushed_chunks, layout, job.runtime.wait_free_backprop)
         self.posted = np.zeros(self.n, dtype=np.int64)  # per worker, its push's chunks with a receive posted
         self.turn = np.argsort(self.send_order)  # each pushed chunk's place in the send order
-        self.chunk_of_tag = {c.tag: j for j, c in enumerate(self.pushed_chunks)}
         self.replies: list[PendingReply] = []
         self.current: np.ndarray | None = None  # the snapshot replies go out from until the shard changes
         self.free_snapshots: list[np.ndarray] = []  # neither current nor sent by a reply in flight
@@ -163,8 +162,9 @@ class ShardStore:
             self.part_of.append((w, len(PUSH_FIELDS), MPI.DOUBLE, None, None, None))
         self.parts = len(self.recvs) // n
         # per request, for a streamed round: the pushed chunk's index, SFB_PART or HEADER_PART
-        index = {c.tag - CHUNK_TAG0: j for j, c in enumerate(pushed)}
-        self.part_kind = [index[what] if scheme == PS else SFB_PART if scheme == SFB else HEADER_PART
+        self.chunk_of_tag = {c.tag: j for j, c in enumerate(pushed)}
+        self.part_kind = [self.chunk_of_tag[CHUNK_TAG0 + what] if scheme == PS
+                          else SFB_PART if scheme == SFB else HEADER_PART
                           for _, _, _, _, what, scheme in self.part_of]
         self.arrivals_of_part = [0] * len(self.part_of)
         self.statuses = [MPI.Status() for _ in self.recvs]
