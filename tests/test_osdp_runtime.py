@@ -336,10 +336,12 @@ def test_bsp_with_on_demand_layers_equals_the_oracle(choices, overlap, wire, ora
 
 
 @pytest.mark.timeout(400)
-def test_bsp_with_on_demand_layers_from_two_servers_equals_the_oracle(oracle, tmp_path):
+@pytest.mark.parametrize("choices", [(2, 1, 0), (1, 1, 1)], ids=["split-ondemand-resident", "all-ondemand"])
+def test_bsp_with_on_demand_layers_from_two_servers_equals_the_oracle(choices, oracle, tmp_path):
     """Units that span both shards come in one reply from each server; their gradients go to the owner
-    of each chunk."""
-    plan = digits_plan(tmp_path, (2, 1, 0), True)
+    of each chunk. With every layer on demand no pull reply carries a chunk: a fetch of the next round
+    must still wait until the shard server has closed the round (it read the weights before it)."""
+    plan = digits_plan(tmp_path, choices, True)
     p = train(5, tmp_path / "osdp", f"osdp.plan={plan}", "runtime.servers=2", "runtime.chunk_bytes=4096", *ORACLE,
               timeout=240)
     assert p.returncode == 0, p.stderr

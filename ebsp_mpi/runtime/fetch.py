@@ -10,12 +10,18 @@ server takes them as part of the push, like any chunk). With one server a fetch 
 with k, two per server the unit spans (``Layout.unit_pieces``). On a GPU without CUDA-aware MPI the
 requests run on a host mirror of the buffer, copied to and from the device around them.
 
-A server answers a fetch at once from its parameters as they are: under BSP those of the round (no
-round ends before this worker's push, and the worker fetches only after every server's pull reply,
-which each sends once it has applied the round before), otherwise its latest (with k servers, each
-shard's latest: a unit spanning two shards may hold one push more on one of them, as any asynchronous
-read may). Its part is first copied into a reply buffer of the worker's, since a push may be applied
-while the reply is sending.
+A fetch names the unit and the model version the worker holds (its last pull's). Under BSP a server
+answers it once this server has closed every round up to that version, and at once otherwise: the
+weights are then those of the version the worker computes at (no round ends before this worker's
+push). That the worker has its pull reply is not enough: a server whose shard holds no resident
+chunk sends no part of it, one whose resident chunks all went while the round streamed
+(``runtime.round_stream``) may have sent the last before its on-demand chunks are applied, and a
+shard server closes a round only once rank 0's order is in, which goes out with the replies. A fetch
+answered then read the weights before the round (0.03 off the oracle with every layer on demand on
+two servers). Other sync models read each server's latest (with k servers, each shard's latest: a
+unit spanning two shards may hold one push more on one of them, as any asynchronous read may). A
+server's part is first copied into a reply buffer of the worker's, since a push may be applied while
+the reply is sending.
 """
 
 from __future__ import annotations
@@ -63,19 +69,20 @@ class Fetcher(Transport):
         self.host = backend.host_empty(sched.buffer_elems) if staged else self.buffer
         self.names = _unit_names(layout)
         self.wait = None  # set by the worker: wait(requests, ranks), with its watchdog naming the silent ranks
+        self.version = 0  # the model version the worker holds (set at each pull): every fetch names it
         self.waited_s, self.messages = 0.0, 0  # seconds waiting on fetches and pushes; their messages
         self.asks: dict[int, list] = {}
         self.pushes: dict[int, list] = {}
         self.ranks: dict[tuple[str, int], list[int]] = {}  # the rank each request of a fetch or push is with
-        self._asked = []  # the request values, kept alive while their sends may run
+        self._asked: dict[int, np.ndarray] = {}  # per item, its request (unit, version), kept alive while sent
         for i, item in enumerate(sched.items):
             if item.unit is None:
                 continue
             unit = sched.units[item.unit]
             place = self.host[item.at:item.at + unit.elems]
             if item.fetched:
-                ask = np.array([float(item.unit)])
-                self._asked.append(ask)
+                ask = np.array([float(item.unit), 0.0])
+                self._asked[i] = ask
                 pieces = layout.unit_pieces(item.unit)
                 ends = [offset for _, offset, _ in pieces[1:]] + [unit.elems]
                 # the receives are posted before the requests go: a reply always finds its receive
@@ -95,6 +102,7 @@ class Fetcher(Transport):
         return item.at, item.at + self.sched.units[item.unit].elems
 
     def fetch(self, i: int) -> None:
+        self._asked[i][1] = self.version
         MPI.Prequest.Startall(self.asks[i])
 
     def arrived(self, i: int) -> None:
@@ -134,17 +142,21 @@ class FetchServer:
     params : numpy.ndarray
         The flat parameter buffer (of which this server's shard is current).
     bytes : ByteCounter
+    rounds : RoundStream or None
+        Under BSP, this server's rounds: a fetch waits until the version it names is closed here
+        (``rounds.version``, the version the next round is applied at). None: answered at once.
     """
 
-    def __init__(self, ctx, layout, params: np.ndarray, bytes):
+    def __init__(self, ctx, layout, params: np.ndarray, bytes, rounds=None):
         n = ctx.workers
-        self.ctx, self.params, self.bytes = ctx, params, bytes
+        self.ctx, self.params, self.bytes, self.rounds = ctx, params, bytes, rounds
         self.names = _unit_names(layout)
         # per unit: the runs of the flat buffer this server sends for it, in unit order (none: not its)
         self.runs = [merge_runs([(layout.chunks[k].start, layout.chunks[k].stop) for server, _, chunks
                               in layout.unit_pieces(u) if server == ctx.rank for k in chunks])
                      for u in range(len(layout.schedule.units))]
-        self.asked = [np.zeros(1) for _ in range(n)]
+        self.asked = [np.zeros(2) for _ in range(n)]  # (unit, version)
+        self.waiting: list[int] = []  # workers whose fetch names a version not closed here yet
         self.recvs = [ctx.fetch_comm.Recv_init([self.asked[w], MPI.DOUBLE], ctx.worker_rank(w), FETCH_TAG)
                       for w in range(n)]
         largest = max(sum(b - a for a, b in runs) for runs in self.runs)
@@ -155,17 +167,29 @@ class FetchServer:
     def take(self, last_heard: np.ndarray | None = None, now: float = 0.0) -> bool:
         """Answer the fetches that have arrived; True when some had. Rank 0 passes the times it last
         heard from each worker (its watchdog's), to set."""
+        due = [w for w in self.waiting if self._due(w)]
         done = MPI.Request.Testsome(self.recvs)
         for w in done or ():
-            self._answer(w)
             if last_heard is not None:
                 last_heard[w] = now
+            if self._due(w):
+                due.append(w)
+            else:
+                self.waiting.append(w)
+        for w in due:
+            if w in self.waiting:
+                self.waiting.remove(w)
+            self._answer(w)
             self.recvs[w].Start()
         # MPICH moves a large reply only while both ends poll: while one is in flight, poll again at once
         for w, r in enumerate(self.sends):
             if r is not None and r.Test():
                 self.sends[w] = None
-        return bool(done) or any(r is not None for r in self.sends)
+        return bool(done or due) or any(r is not None for r in self.sends)
+
+    def _due(self, w: int) -> bool:
+        """`w`'s fetch may be answered: not under BSP, or its version is closed here."""
+        return self.rounds is None or self.asked[w][1] <= self.rounds.version
 
     def _answer(self, w: int) -> None:
         asked = self.asked[w][0]

@@ -63,7 +63,8 @@ class Server:
         self.opt = self.store.opt
         self.peers = PeerServers(ctx, self.layout, job.runtime.stall_timeout_s)
         # OSDP: the workers fetch their on-demand layers from the servers that hold them
-        self.fetches = FetchServer(ctx, self.layout, self.params, self.store.bytes) if self.layout.schedule else None
+        self.fetches = (FetchServer(ctx, self.layout, self.params, self.store.bytes, self.store.stream)
+                        if self.layout.schedule else None)
         # evaluation, checkpoints and model.h5 read the whole model: with several servers, gathered
         self.whole = self.params if ctx.servers == 1 else np.empty_like(self.params)
         self.whole_velocity = self.opt.velocity if ctx.servers == 1 else np.empty_like(self.opt.velocity)

@@ -113,10 +113,7 @@ class ShardStore:
         self.round_based = round_based
         self.mean_buf = np.empty_like(params) if round_based else None  # a round's mean
         self._make_receives(ctx, self.pushed_chunks)
-        # not early under an OSDP plan: once in 3 CI runs, BSP with on-demand units on two servers ended
-        # 3.9e-5 from the oracle while streaming (cause not found): those rounds close whole, as before
-        early = job.runtime.stream_rounds and layout.schedule is None
-        self.stream = RoundStream(self, version, early) if round_based else None
+        self.stream = RoundStream(self, version, job.runtime.stream_rounds) if round_based else None
         # a streamed round paces the pushes (expect_push), but not OSDP's: a worker sends an on-demand
         # unit's gradient from its fetch buffer and waits for that send before it fetches the next unit
         # into it, so a receive posted later than the send would never be posted (a hang, seen)

@@ -46,7 +46,8 @@ class ShardServer:
                                 resume.version if resume is not None else 0)
         self.limits = [float("inf") if lim is None else lim for lim in worker_limits(description.limits, self.layout)]
         # OSDP: its part of the on-demand layers, fetched by the workers
-        self.fetches = FetchServer(ctx, self.layout, self.params, self.store.bytes) if self.layout.schedule else None
+        self.fetches = (FetchServer(ctx, self.layout, self.params, self.store.bytes, self.store.stream)
+                        if self.layout.schedule else None)
         if resume is not None:  # this shard of the checkpoint's parameters and optimizer state
             from ..checkpoint import read_checkpoint
 

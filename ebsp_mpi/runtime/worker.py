@@ -185,6 +185,8 @@ class Worker:
         self.totals.wait += t_start - self.t_push
         header = self.dense.pull_header
         used, self.version, stop = self.version, int(header[PULL.version]), bool(header[PULL.stop])
+        if self.ondemand is not None:  # its fetches name the version: a server answers once it has closed it
+            self.ondemand.fetcher.version = self.version
         if self.factors is not None and used is not None and not stop:
             self.factors.step(header, used)
         with self._untraced():  # the trace is no part of what a plan predicts
