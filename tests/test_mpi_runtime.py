@@ -16,9 +16,9 @@ pytestmark = [pytest.mark.mpi(min_size=3), pytest.mark.timeout(120)]
 
 @pytest.fixture
 def ctx():
-    from ebsp_mpi.runtime import comm
+    from ebsp_mpi.runtime.rank.start import setup
 
-    return comm.setup()
+    return setup()
 
 
 def shared_tmpdir(ctx):
@@ -152,7 +152,7 @@ def test_short_push_is_a_protocol_error_not_a_hang(ctx):
     from mpi4py import MPI
 
     from ebsp_mpi.config import load_job
-    from ebsp_mpi.runtime.protocol import CHUNK_TAG0, ProtocolError
+    from ebsp_mpi.runtime.transport.protocol import CHUNK_TAG0, ProtocolError
 
     job = load_job(None, ["stop.iterations=5", "trace.enabled=false"])
     run_dir = shared_tmpdir(ctx)

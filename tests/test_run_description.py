@@ -57,7 +57,7 @@ def test_the_reference_trainer_reads_the_plan_once(tmp_path, plan_reads):
 def test_a_worker_with_on_demand_layers_reads_no_plan_file(tmp_path, plan_reads):
     """The worker's model, its layout and its on-demand step (each read the file before) take the plan
     from the run description."""
-    from ebsp_mpi.runtime.comm import Context
+    from ebsp_mpi.runtime.transport.context import Context
     from ebsp_mpi.runtime.launch import make_role
 
     plan = plan_file(tmp_path, (1, 0, 2))

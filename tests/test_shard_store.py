@@ -64,8 +64,8 @@ def store():
     messages of 1 KiB so that a reply is many sends."""
     from ebsp_mpi import build
     from ebsp_mpi.config import load_job
-    from ebsp_mpi.runtime.comm import Context
-    from ebsp_mpi.runtime.layout import make_layout
+    from ebsp_mpi.runtime.transport.context import Context
+    from ebsp_mpi.runtime.transport.layout import make_layout
     from ebsp_mpi.runtime.shard import ShardStore
 
     job = load_job(None, ["sync.model=asp", "trace.enabled=false", "runtime.chunk_bytes=1024"])

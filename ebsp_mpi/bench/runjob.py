@@ -17,7 +17,7 @@ import numpy as np
 
 
 def run_job(ctx, job, worker_class=None, read=None):
-    """Run `job` on the ranks of `ctx` (``runtime.comm.setup``) in a temporary run directory.
+    """Run `job` on the ranks of `ctx` (``runtime.rank.start.setup``) in a temporary run directory.
 
     Returns the summary on rank 0 (with ``read``, a function of the run directory, also what it
     returns: ``(summary, read(run_dir))``) and the finished worker object on the other ranks. The run

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from mpi4py import MPI
 
-from .. import build
-from ..plan.osdp_schedule import Schedule, make_schedule
-from ..sync.registry import round_based
+from ... import build
+from ...plan.osdp_schedule import Schedule, make_schedule
+from ...sync.registry import round_based
 from .hybrid import SFBLayer, parts_of_chunks, sfb_layers
 from .protocol import COALESCE_BYTES, Chunk, Shard, coalesce_chunks, owner_of_chunks, plan_chunks, plan_shards
 
@@ -39,7 +39,7 @@ class Layout:
     sfb : list of SFBLayer
         The dense layers whose weight gradient travels as sufficient factors.
     sfb_bsp : bool
-        BSP with SFB layers: the workers step those layers themselves (``runtime.hybrid``).
+        BSP with SFB layers: the workers step those layers themselves (``transport.hybrid``).
     hybrid_plan : dict
         ``comm.hybrid``'s choice per tensor, for the summary.
     shards : list of Shard
@@ -142,7 +142,7 @@ def make_layout(ctx, job, model, plan=build.FROM_JOB) -> Layout:
     try:
         shards = plan_shards(chunks, ctx.servers, together)
     except ValueError as e:
-        from ..errors import UsageError
+        from ...errors import UsageError
 
         raise UsageError(str(e)) from None
     return Layout(chunks=chunks, chunk_parts=chunk_parts, chunk_bytes=chunk_bytes, sfb=sfb,
