@@ -139,7 +139,7 @@ def make_worker(tmp_path, *overrides):
     job = load_job(None, ["backend=cupy", "trace.enabled=false", "runtime.chunk_bytes=1024", *overrides])
     comm = RecordingComm()
     ctx = Context(comm=comm, rank=1, size=3, local_rank=1, factor_comm=RecordingComm())
-    return make_role(ctx, job, tmp_path), comm
+    return make_role(ctx, job, tmp_path, plan=None), comm
 
 
 def push_once(worker):

@@ -54,9 +54,10 @@ def local_timing(job, warmup: int) -> tuple[float, float]:
     """Iteration period and forward + backward seconds (medians) of the single-process trainer on
     `job` (one worker)."""
     from .. import reference
+    from ..run_description import read_osdp_plan
 
     with tempfile.TemporaryDirectory(prefix="ebsp-bench-local-") as path, gradient_clock() as spans:
-        reference.train(job, Path(path), 1, show_progress=False)
+        reference.train(job, Path(path), 1, show_progress=False, plan=read_osdp_plan(job))
     return _timings(spans, warmup)
 
 

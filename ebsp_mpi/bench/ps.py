@@ -336,7 +336,7 @@ def round_trip_case(world_comm, params: int, k: int, args) -> tuple[list[dict], 
 def sharded_case(world_comm, params: int, servers: int, k: int, args) -> list[dict]:
     """Ranks 0..servers+k-1, for `params` parameters: raw MPI and the runtime with ``runtime.servers =
     servers`` and `k` workers (raw MPI before and after the runtime). Returns the record on rank 0."""
-    from .. import build
+    from ..run_description import describe, read_osdp_plan
     from ..runtime.rank.start import setup
     from ..runtime.transport.layout import make_layout
 
@@ -347,7 +347,7 @@ def sharded_case(world_comm, params: int, servers: int, k: int, args) -> list[di
         ctx.servers = servers
         job = job_for(params, args.warmup + args.iterations, args.sync, not args.no_trace,
                       [*args.set, f"runtime.servers={servers}"])
-        layout = make_layout(ctx, job, build.model(job, build.dataset(job)))
+        layout = make_layout(ctx, describe(job, ctx.workers, read_osdp_plan(job)))
         total = args.warmup + args.iterations
         size = layout.shards[-1].hi
         raw = raw_round_trips(ctx.comm, size, layout.chunks, total, servers=servers, owner=layout.owner)[args.warmup:]

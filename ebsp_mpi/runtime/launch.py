@@ -27,12 +27,11 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
-from ..build import FROM_JOB
 from ..checkpoint import Checkpoint, read_checkpoint
 from ..config import JobConfig, to_dict
 from ..errors import OutputError, UsageError
 from ..outputs import describe_run, make_run_dir, remove_if_unused, training_failed
-from ..run_description import describe, read_osdp_plan
+from ..run_description import OsdpPlan, describe
 from .rank.abort import abort
 from .rank.faults import fault_for
 from .rank.peer_death import watch_peers
@@ -42,17 +41,18 @@ from .rank.start import setup
 from .transport.clock import restart_clock
 from .transport.deadlines import Deadline, Silence
 from .transport.env import world_size_from_env
+from .transport.layout import make_layout
 from .transport.polling import wait_all, wait_collective
 from .transport.protocol import SETUP_TAG
 
 log = logging.getLogger(__name__)
 
 
-def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True, resume: bool = False,
-            plan=FROM_JOB, identity=None) -> int:
+def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True, resume: bool = False, *,
+            plan: OsdpPlan | None, identity=None) -> int:
     """Run this rank's part of the job; returns the process exit code. With `resume`, `out` is the run
-    directory of a run to continue from its checkpoint. `plan`: the job's OSDP plan as already read
-    (``run_description.read_osdp_plan``), by default read here. `identity`: what the run is made from
+    directory of a run to continue from its checkpoint. `plan`: the job's OSDP plan as the command line
+    read it (``run_description.read_osdp_plan``; None: the job names none). `identity`: what the run is made from
     (``ebsp_mpi.identity``; a resumed run's checked against its checkpoint, with its run id), by
     default worked out here; a new run's id is rank 0's, shared with every rank."""
     ctx = _start(job)
@@ -177,16 +177,16 @@ def _share_codes(ctx, code: int, codes: np.ndarray, timeout_s: float) -> None:
 
 
 def make_role(ctx, job: JobConfig, run_dir: Path, ckpt: Checkpoint | None = None, show_progress: bool = True,
-              worker_class=None, plan=FROM_JOB, identity=None):
+              worker_class=None, *, plan: OsdpPlan | None, identity=None):
     """This rank's part of the job, ready to ``run()``: rank 0 the server and scheduler, ranks
     1..k-1 the other servers (``runtime.servers = k``), the rest workers (`worker_class`, default
     ``Worker``: a benchmark may pass its own). With `ckpt`, each continues from the checkpoint.
 
-    The job is resolved here once into the run every role works from (``RunDescription``); `plan` is
-    its OSDP plan as the command line read it (``read_osdp_plan``), by default read here."""
-    if plan is FROM_JOB:
-        plan = read_osdp_plan(job)
+    The job is resolved here once into the run every role works from (``RunDescription``), with the
+    layout of its messages on these ranks; `plan` is its OSDP plan as the command line read it
+    (``read_osdp_plan``; None: the job names none)."""
     description = describe(job, ctx.workers, plan, identity)
+    description = dataclasses.replace(description, layout=make_layout(ctx, description))
     if ctx.rank == 0:
         from .server import Server
 

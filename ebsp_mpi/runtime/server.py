@@ -42,7 +42,7 @@ from .transport.context import Context
 from .transport.failures import StallError
 from .transport.fetch import FetchServer
 from .transport.keepalive import HOUSEKEEPING_S, KeepAlive
-from .transport.layout import make_layout, worker_limits
+from .transport.layout import worker_limits
 from .transport.protocol import (ALIVE_TAG, PULL_FIELDS, PUSH, STATS_TAG, ApplyOrder, ProtocolError, ReplyOrder,
                                  RoundOrder, pack)
 
@@ -61,7 +61,7 @@ class Server:
         self.space = model.space
         self.params = model.space.data
         self.policy = make_policy(job.sync, n, seed=job.seed)
-        self.layout = make_layout(ctx, job, model, description.plan_doc)
+        self.layout = description.layout
         self.store = ShardStore(ctx, job, self.params, self.layout, 0, self.policy.round_based,
                                 resume.version if resume is not None else 0)
         self.opt = self.store.opt

@@ -122,13 +122,13 @@ def tag_upper_bound(comm) -> int:
     return 32767
 
 
-def make_layout(ctx, job, model, plan=build.FROM_JOB) -> Layout:
-    """The layout of `job` on `model`'s ParamSpace with this job's ranks (``ctx``); `plan`: the job's
-    OSDP plan as read once (``run_description.OsdpPlan.doc``; None: none), by default read here."""
+def make_layout(ctx, description) -> Layout:
+    """The layout of the run `description` (a ``RunDescription``: its job, the model's shape and the
+    OSDP plan, checked already) on this job's ranks (``ctx``)."""
+    job, model, osdp = description.job, description.skeleton, description.plan_doc
     space = model.space
-    total_bytes = space.size * space.data.itemsize
+    total_bytes = space.size * space.dtype.itemsize
     chunk_bytes = ctx.chunk_bytes(job.runtime.chunk_bytes, total_bytes)
-    osdp = build.osdp_plan(job, model, plan)
     schedule = make_schedule(osdp, model) if osdp and any(e["mode"] == "on-demand" for e in osdp["layers"]) else None
     bounds = _cut([(t.offset, t.size) for t in space.tensors], schedule.cuts() if schedule else [])
     chunks = plan_chunks(bounds, space.dtype.itemsize, chunk_bytes, tag_upper_bound(ctx.comm))

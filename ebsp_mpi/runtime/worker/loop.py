@@ -41,7 +41,6 @@ from ..transport.context import Context
 from ..transport.deadlines import Silence
 from ..transport.hybrid import ByteCounter
 from ..transport.keepalive import PARTING
-from ..transport.layout import make_layout
 from ..transport.polling import wait_all
 from ..transport.protocol import ALIVE_TAG, PULL, STATS_TAG
 from .osdp import OnDemandLayers, measured
@@ -86,7 +85,7 @@ class Worker:
         self.stream.seek(start_iteration)  # batches and jitter follow from the iteration: nothing else to restore
         self.straggler = straggler_model(job.straggler, ctx.workers, job.seed)
         self.buffers = WireBuffers.of(self.model.space, self.backend, job.runtime.cuda_aware_mpi)
-        self.layout = make_layout(ctx, job, self.model, description.plan_doc)
+        self.layout = description.layout
         self.bytes, self.finite = ByteCounter(), FiniteCheck()
         self._make_wire()
         self.times = IterationTimes()  # each iteration's start, and the fetches' wait by then: the medians
