@@ -25,7 +25,7 @@ def survive_peer_failure_notices() -> None:
     MPICH's Hydra, run with ``-disable-auto-cleanup``, sends SIGUSR1 to the surviving ranks when one
     dies. Python's default action for SIGUSR1 ends the process, so every survivor would vanish without a
     word. Instead rank 0 looks up which rank's process is gone (those on its own node, by PID) and raises
-    :class:`PeerFailure` naming it, which aborts the job; for ranks on other nodes the server's watchdog
+    ``transport.failures.PeerFailure`` naming it, which aborts the job; for ranks on other nodes the server's watchdog
     names the silent worker after ``runtime.stall_timeout_s``.
     """
     if not hasattr(signal, "SIGUSR1"):

@@ -7,7 +7,7 @@ import signal
 
 from ...stop_signals import StopSignals
 
-#: SIGTERM noted here from :func:`setup` on; SIGINT (Ctrl-C) too once a training run takes it
+#: SIGTERM noted here from :func:`~.start.setup` on; SIGINT (Ctrl-C) too once a training run takes it
 #: (:func:`take_ctrl_c`: a benchmark still dies of it)
 stop_signals = StopSignals()
 

@@ -28,16 +28,16 @@ class Context:
     local_rank : int
         Rank among the processes on this node (picks the GPU).
     hosts : list of str
-        Every rank's host name, by rank (known once the job has started: ``launch._start``); a rank
-        that stops on a silent peer names the other ranks of that peer's node (:func:`node_note`).
+        Every rank's host name, by rank (known once the job has started: ``runtime.launch._start``); a rank
+        that stops on a silent peer names the other ranks of that peer's node (``rank.abort.node_note``).
     clock_offset : float
         Seconds to add to this rank's ``perf_counter`` to read rank 0's (measured at start-up).
     t0 : float
         Rank 0's ``perf_counter`` at the run's start: :meth:`now` counts from it. Set at setup, and
-        again by :func:`restart_clock` once every rank has built its part of the job.
+        again by :func:`~.clock.restart_clock` once every rank has built its part of the job.
     oversubscribed : bool
         More ranks of the job on this node than CPUs they may run on: waiting ranks must sleep
-        (see :class:`Backoff`).
+        (see :class:`~.polling.Backoff`).
     any_oversubscribed : bool
         Some node of the job is oversubscribed (the same on every rank).
     """

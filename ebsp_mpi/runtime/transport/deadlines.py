@@ -8,7 +8,7 @@ from .failures import StallError
 
 
 class Silence:
-    """A deadline on a wait: :meth:`check` raises :class:`StallError` with `what` once no message has
+    """A deadline on a wait: :meth:`check` raises :class:`~.failures.StallError` with `what` once no message has
     come for `timeout_s` seconds since :meth:`heard` (or since it was made).
 
     Parameters
@@ -22,7 +22,7 @@ class Silence:
         A persistent receive of the peer's keep-alive messages (``protocol.ALIVE_TAG``), started: each
         one that arrives counts as a message, and the receive is posted again.
     ranks : tuple of int or callable
-        The silent ranks (or a function that says them), for :class:`StallError`.
+        The silent ranks (or a function that says them), for :class:`~.failures.StallError`.
     """
 
     #: a check looks at the clock and the keep-alive at most this often: a waiting rank polls every
@@ -56,7 +56,7 @@ class Silence:
 
 class Deadline:
     """A fixed deadline on a wait, unlike :class:`Silence` not moved by what arrives (the set-up
-    exchange, where each peer sends one message): :meth:`check` raises :class:`StallError` with
+    exchange, where each peer sends one message): :meth:`check` raises :class:`~.failures.StallError` with
     ``say()``'s text and ``ranks()``'s silent ranks once `timeout_s` have passed since it was made."""
 
     def __init__(self, timeout_s: float, say, ranks=tuple):

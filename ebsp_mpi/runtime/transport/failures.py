@@ -10,8 +10,8 @@ class JobFailure(RuntimeError):
 class StallError(JobFailure):
     """A rank that owes this one a message has been silent longer than ``runtime.stall_timeout_s``.
 
-    `ranks` are the silent ranks, where the one that raises knows them: :func:`abort` names the other
-    ranks of their nodes too (:func:`node_note`), which a lost node takes with it."""
+    `ranks` are the silent ranks, where the one that raises knows them: ``rank.abort.abort`` names the other
+    ranks of their nodes too (``rank.abort.node_note``), which a lost node takes with it."""
 
     def __init__(self, text: str, ranks=()):
         super().__init__(text)

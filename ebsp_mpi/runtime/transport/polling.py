@@ -51,7 +51,7 @@ def wait_all(requests, backoff: Backoff, silence: Silence | None = None, on_done
 
     Each request that completes resets the back-off: the next part of a multi-message push or reply
     is then seen at once, not after the longest sleep. With `silence`, each one also counts as word
-    from the peer, and a wait that hears nothing for its timeout raises :class:`StallError`.
+    from the peer, and a wait that hears nothing for its timeout raises :class:`~.failures.StallError`.
     ``on_done(indices)`` is told which requests completed (to name the peers still silent);
     ``on_idle()`` runs between polls that find nothing (a server's keep-alives while it waits).
     """
