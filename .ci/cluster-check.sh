@@ -36,7 +36,7 @@
 #   7. a link cut mid-run (ip link set VETH down): under ASP, BSP and ElasticBSP with a worker's node cut,
 #      and under BSP with the node of server 1 and a worker cut, the job ends within runtime.stall_timeout_s + 10 s with a
 #      non-zero exit, its output naming every rank of that node, and the cut
-#      node's own ranks end too (MPI_Abort is bounded: runtime/comm.py); the
+#      node's own ranks end too (MPI_Abort is bounded: runtime/rank/abort.py); the
 #      last checkpoint the cut ASP run committed (every second) reads whole, and `train --resume` across
 #      the nodes continues from it to 20 iterations more, every worker's trace holding each iteration once;
 #   8. a node lost: every process of it SIGKILLed with its link up, under Hydra's mpiexec, which ends the
@@ -501,7 +501,7 @@ say "7. cut-asp --resume from its last checkpoint (a worker at $done_ iterations
 cut cut-bsp n3 n1,n2,n3,n4 6 all --set sync.model=bsp
 cut cut-elasticbsp n3 n1,n2,n3,n4 6 all --set sync.model=elasticbsp
 # n2 holds server 1 (rank 1) and worker rank 5: rank 0 names server 1 silent, and with it every rank of
-# its node (comm.node_note). (A worker may still name rank 0, alive, with server 1 in the same breath, and
+# its node (rank.abort.node_note). (A worker may still name rank 0, alive, with server 1 in the same breath, and
 # n1's ranks with it: seen in 1 of 5 runs; docs/cluster.md)
 cut cut-bsp-server n2 n1,n2,n3,n4 6 all --set sync.model=bsp --set runtime.servers=2
 say "7. link cuts ($(( $(date +%s) - t )) s)"

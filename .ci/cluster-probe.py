@@ -277,7 +277,8 @@ def eager() -> None:
     import os
     import socket
 
-    from ebsp_mpi.runtime.env import MPICH_SHM_VARS, SHM_BYTES_PER_RANK, local_ranks, prepare_rank_env, shm_room
+    from ebsp_mpi.runtime.transport.env import (MPICH_SHM_VARS, SHM_BYTES_PER_RANK, local_ranks, prepare_rank_env,
+                                                shm_room)
 
     prepare_rank_env()  # as cli.main does, before MPI starts
     mine = (socket.gethostname(), local_ranks(), all(os.environ.get(k) == v for k, v in MPICH_SHM_VARS.items()),

@@ -35,15 +35,11 @@ INIT_DRAW_BYTES = 8
 BUFFERS = 3
 
 
-#: `plan` of :func:`model` and :func:`osdp_plan` when the caller holds no plan already read: read the
-#: file the job names (a run reads it once, ``run_description.read_osdp_plan``, and passes it)
-FROM_JOB = "read the job's osdp.plan"
-
-
-def model(job: JobConfig, ds: Dataset, xp=np, dtype=np.float32, on_demand=frozenset(), plan=FROM_JOB) -> Model:
+def model(job: JobConfig, ds: Dataset, xp=np, dtype=np.float32, on_demand=frozenset(), held: bool = True) -> Model:
     """The job's model for dataset ``ds``, initialised from ``job.seed``; the tensors in `on_demand`
-    (an OSDP worker's on-demand layers) are left out of its ``ParamSpace`` buffers. `plan`: the job's
-    OSDP plan as read (None: it names none), checked against the model here.
+    (an OSDP worker's on-demand layers) are left out of its ``ParamSpace`` buffers, and without `held`
+    every tensor is (:func:`skeleton`). The OSDP plan and ``osdp.memory_limit`` are checked once per
+    process, where the run is described (``run_description.describe``), not here.
 
     Raises
     ------
@@ -60,32 +56,33 @@ def model(job: JobConfig, ds: Dataset, xp=np, dtype=np.float32, on_demand=frozen
         raise ModelError(f"model.kind = {m.kind!r} on data.name = {job.data.name!r} (inputs {ds.input_shape}): "
                          f"{e}") from None
     check_model_fits(job, ds, specs, np.dtype(dtype))
-    built = build_model(m.kind, ds.input_shape, ds.num_classes, hidden=tuple(m.hidden),
-                        channels=tuple(m.channels), kernels=tuple(m.kernels), xp=xp, dtype=dtype, seed=job.seed,
-                        resident=[s.name for s in specs if s.name not in on_demand] if on_demand else None)
-    check_memory_limit(job, built, osdp_plan(job, built, plan))  # one line here, on every rank, before training
-    return built
+    resident = [s.name for s in specs if s.name not in on_demand] if on_demand else None
+    return build_model(m.kind, ds.input_shape, ds.num_classes, hidden=tuple(m.hidden),
+                       channels=tuple(m.channels), kernels=tuple(m.kernels), xp=xp, dtype=dtype, seed=job.seed,
+                       resident=resident if held else [])
 
 
-def osdp_plan(job: JobConfig, model: Model, plan=FROM_JOB) -> dict | None:
-    """The OSDP plan the job names (``osdp.plan``), checked against `model` and ``data.batch_size``;
-    None when it names none (every layer resident). `plan`: its contents as already read (by default
-    read here).
+def skeleton(job: JobConfig, ds: Dataset) -> Model:
+    """The job's model without buffers: its layers and each tensor's place in the ``ParamSpace``,
+    allocating no parameter. What a process works out once from the model's shape (the OSDP plan's
+    check, the memory limit, the layout of its messages) reads this instead of a model of its own."""
+    return model(job, ds, held=False)
+
+
+def check_osdp_plan(job: JobConfig, model: Model, plan: dict | None) -> None:
+    """Check the OSDP plan the job names (``osdp.plan``), as read (``run_description.read_osdp_plan``),
+    against `model` and ``data.batch_size``; None: the job names none (every layer resident).
 
     Raises
     ------
     OsdpFileError
-        The file is missing, not a plan, or made for another model or batch size (one line).
+        A plan made for another model or batch size (one line).
     """
-    if not job.osdp.plan:
-        return None
-    from .plan.osdp_files import check_plan, model_layers, read_plan
+    if plan is None:
+        return
+    from .plan.osdp_files import check_plan, model_layers
 
-    where = f"osdp.plan = {job.osdp.plan!r}"
-    if plan is FROM_JOB:
-        plan = read_plan(job.osdp.plan)
-    check_plan(plan, model_layers(model), job.data.batch_size, where)
-    return plan
+    check_plan(plan, model_layers(model), job.data.batch_size, f"osdp.plan = {job.osdp.plan!r}")
 
 
 def check_memory_limit(job: JobConfig, model: Model, plan: dict | None) -> None:
@@ -107,7 +104,7 @@ def check_memory_limit(job: JobConfig, model: Model, plan: dict | None) -> None:
         raise ModelError(str(e)) from None
     where = f"osdp.memory_limit = {job.osdp.memory_limit!r} ({format_size(limit)})"
     if plan is None:
-        need = 2 * model.space.nbytes
+        need = 2 * model.space.size * model.space.dtype.itemsize  # the whole model's, held or not
         if need > limit:
             raise ModelError(f"{where}: every layer resident needs at least {format_size(need)} per worker (weights "
                              f"and gradients of {model.space.size} parameters); plan which layers to fetch on demand: "

@@ -69,8 +69,8 @@ class Checkpoint:
     evals: list = field(default_factory=list)  # (t, version, test loss, test accuracy)
     reached: dict = field(default_factory=dict)  # accuracy target -> first second it was reached
     config: dict = field(default_factory=dict)
-    #: SHA-256 of the OSDP plan file the run trains with ("" without one); write_checkpoint takes it from
-    #: the file when not given (see plan_digest)
+    #: SHA-256 of the OSDP plan file the run trains with ("" without one), as the run read it
+    #: (``run_description.OsdpPlan.sha256``): the file is not read again to write a checkpoint
     plan_sha256: str = ""
     #: the run's identity (``identity.Identity.as_dict``); None in a checkpoint written before format 3
     identity: dict | None = None
@@ -80,18 +80,6 @@ def _attrs_digest(attrs: dict) -> str:
     """SHA-256 of a checkpoint's attributes (all but the digest itself), as canonical JSON."""
     plain = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in attrs.items() if k != "attrs_sha256"}
     return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()
-
-
-def plan_digest(config: dict) -> str:
-    """SHA-256 of the OSDP plan file the job `config` names (``osdp.plan``); "" when it names none, or
-    the file cannot be read (resume_job then says so)."""
-    plan = (config.get("osdp") or {}).get("plan") or ""
-    if not plan:
-        return ""
-    try:
-        return hashlib.sha256(Path(plan).read_bytes()).hexdigest()
-    except OSError:
-        return ""
 
 
 def write_checkpoint(run_dir: Path, ckpt: Checkpoint, pending: bool = False) -> Path:
@@ -106,7 +94,7 @@ def write_checkpoint(run_dir: Path, ckpt: Checkpoint, pending: bool = False) -> 
                  rejected=int(ckpt.rejected), policy_json=json.dumps(ckpt.policy),
                  evals_json=json.dumps([list(e) for e in ckpt.evals]),
                  reached_json=json.dumps({repr(float(k)): v for k, v in ckpt.reached.items()}),
-                 config_json=json.dumps(ckpt.config), plan_sha256=ckpt.plan_sha256 or plan_digest(ckpt.config),
+                 config_json=json.dumps(ckpt.config), plan_sha256=ckpt.plan_sha256,
                  identity_json=json.dumps(ckpt.identity))
     with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
         for name, values in arrays.items():

@@ -33,7 +33,7 @@ EXIT_FAILURE = 1
 
 
 def main(argv=None) -> int:
-    from .runtime.env import prepare_rank_env
+    from .runtime.transport.env import prepare_rank_env
 
     # before NumPy loads its BLAS and before MPI starts (this module imports neither at its top): a
     # rank's threads and MPICH's shared memory, for ``python -m ebsp_mpi`` and the ``ebsp-mpi`` script
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
 
 
 def _one_line_error(e: Exception, code: int) -> int:
-    from .runtime.env import rank_from_env
+    from .runtime.transport.env import rank_from_env
 
     # under mpiexec every rank reads the same job and fails the same way: one line is enough
     if rank_from_env() == 0:
@@ -213,15 +213,15 @@ def _start_mpi():
     ``MPIR_CVAR_*`` settings (an MPMD launch), a requeued Slurm job whose ranks meet the shared memory
     its killed first start left behind (slurm/README.md), or a process manager that never answers. No
     Python signal handler runs while the main thread is inside the MPI library: a watcher process
-    forked before it (``runtime.init_watch``) prints one line naming this rank's MPICH settings past the
+    forked before it (``runtime.rank.init_watch``) prints one line naming this rank's MPICH settings past the
     limit and kills the rank, and the launcher ends the job. Without ``fork``, faulthandler's watchdog
     thread prints where the rank was and exits with code 1.
     """
     import faulthandler
 
-    from .runtime.env import rank_from_env
-    from .runtime.init_watch import InitWatch, init_timeout_line
-    from .runtime.node_settings import disagreement, forget
+    from .runtime.transport.env import rank_from_env
+    from .runtime.rank.init_watch import InitWatch, init_timeout_line
+    from .runtime.rank.node_settings import disagreement, forget
 
     text = os.environ.get(MPI_INIT_TIMEOUT_ENV, "")
     try:  # ASCII only: float() takes other scripts' digits ('٥' is 5.0)
@@ -254,8 +254,8 @@ def _start_mpi():
 
 def _train(args) -> int:
     from .run_description import read_osdp_plan
-    from .runtime.env import world_size_from_env
-    from .runtime.faults import FAULT_ENV, parse_fault
+    from .runtime.transport.env import world_size_from_env
+    from .runtime.rank.faults import FAULT_ENV, parse_fault
 
     world_size = world_size_from_env()
     if args.resume:

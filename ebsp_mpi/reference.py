@@ -16,27 +16,27 @@ import numpy as np
 
 from .backend import resolve_backend
 from .errors import UsageError
-from .build import FROM_JOB, optimizer, schedule
+from .build import optimizer, schedule
 from .checkpoint import LAST_LOSS, read_checkpoint
 from .config import JobConfig, to_dict
 from .nn.average import round_mean
 from .outputs import build_summary
 from .progress import Progress
-from .run_description import RunDescription, describe, read_osdp_plan
+from .run_description import OsdpPlan, RunDescription, describe
 from .run_record import RunRecord
 from .stop_signals import StopSignals
 
 log = logging.getLogger(__name__)
 
 
-def train(job: JobConfig, run_dir: Path, workers: int, show_progress: bool = True, resume: bool = False,
-          plan=FROM_JOB, stop: StopSignals | None = None, identity=None) -> dict:
+def train(job: JobConfig, run_dir: Path, workers: int, show_progress: bool = True, resume: bool = False, *,
+          plan: OsdpPlan | None, stop: StopSignals | None = None, identity=None) -> dict:
     """Train until a stop condition; write ``summary.json`` and ``model.h5`` into `run_dir`.
 
     Checkpoints go to ``run_dir/checkpoint.h5`` every ``checkpoint.every_seconds``, at the end, and on
     SIGTERM or SIGINT (Ctrl-C), which end the run there. With `resume`, the run continues from that
     checkpoint. `plan`: the job's OSDP plan as the command line read it
-    (``run_description.read_osdp_plan``), by default read here. `stop`: where the signals are noted
+    (``run_description.read_osdp_plan``; None: the job names none). `stop`: where the signals are noted
     (its ``exit_code`` tells the caller which came). `identity`: what the run is made from
     (``ebsp_mpi.identity``), by default worked out here with a new run id.
 
@@ -45,8 +45,6 @@ def train(job: JobConfig, run_dir: Path, workers: int, show_progress: bool = Tru
     dict
         The summary (also written to ``run_dir/summary.json``).
     """
-    if plan is FROM_JOB:
-        plan = read_osdp_plan(job)
     if identity is None:
         from . import identity as ids
 

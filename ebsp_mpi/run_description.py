@@ -2,11 +2,13 @@
 working it out again.
 
 :func:`read_osdp_plan` is the one place a process reads the OSDP plan file the job names
-(``osdp.plan``): the command line reads it once, checks it, and hands it down to the trainer (the MPI
-roles or the reference trainer), whose models, layout, checkpoints and summary take it from there.
-:func:`describe` adds what every trainer needs besides: the dataset, each worker's iteration limit.
+(``osdp.plan``): the command line reads it once, checks its structure, and hands it down to the
+trainer (the MPI roles or the reference trainer). :func:`describe` checks it once against the model
+and ``osdp.memory_limit``, and adds what every trainer needs besides: the dataset, the model's shape,
+each worker's iteration limit. Models, layout, checkpoints and summary take the plan from there;
+nothing reads or checks it again.
 
-Pure: no MPI (the MPI roles add the ranks and the layout of their messages, ``runtime.launch``).
+Pure: no MPI (the MPI launch adds the layout of the run's messages on its ranks, ``runtime.launch``).
 """
 
 from __future__ import annotations
@@ -95,16 +97,23 @@ class RunDescription:
         The data-parallel workers (their shards of the data, their iteration limits).
     dataset : Dataset
     plan : OsdpPlan or None
-        The OSDP plan, read once (None: every layer resident).
+        The OSDP plan, read and checked once (None: every layer resident).
+    skeleton : Model
+        The job's model without buffers (``build.skeleton``): its layers and every tensor's place.
     identity : Identity or None
         What the run is made from (``ebsp_mpi.identity``): its checkpoints and summary record it.
+    layout : Layout or None
+        How the run's messages go on this launch's ranks (``runtime.transport.layout.Layout``), added
+        by the MPI launch (``runtime.launch.make_role``) for every role to take; None outside MPI.
     """
 
     job: JobConfig
     workers: int
     dataset: Dataset
     plan: OsdpPlan | None
+    skeleton: Model
     identity: object = None
+    layout: object = None
 
     @cached_property
     def limits(self) -> tuple[int | None, ...]:
@@ -128,7 +137,7 @@ class RunDescription:
         """The job's model, initialised from the seed; with `on_demand` without the plan's on-demand
         layers in its buffers (an OSDP worker's)."""
         tensors = self.plan.on_demand if on_demand and self.plan is not None else frozenset()
-        return build.model(self.job, self.dataset, xp=xp, on_demand=tensors, plan=self.plan_doc)
+        return build.model(self.job, self.dataset, xp=xp, on_demand=tensors)
 
     def batch_stream(self, worker: int) -> BatchStream:
         """Worker `worker`'s minibatches."""
@@ -138,5 +147,23 @@ class RunDescription:
 def describe(job: JobConfig, workers: int, plan: OsdpPlan | None, identity=None) -> RunDescription:
     """The run of `job` with `workers` workers and the plan already read (:func:`read_osdp_plan`):
     loads the dataset (the one slow part: call it where a failure is reported, e.g. in an MPI rank's
-    set-up)."""
-    return RunDescription(job=job, workers=workers, dataset=build.dataset(job), plan=plan, identity=identity)
+    set-up), and checks the plan against the model and the model against ``osdp.memory_limit``, once.
+
+    Raises
+    ------
+    ModelError, OsdpFileError
+        A model that does not suit the data or this machine, a plan made for another model or batch
+        size, a worker that would need more than ``osdp.memory_limit`` (one line each).
+    ValueError
+        `plan` is None although the job names one: a caller that forgot to read it would train
+        without it, silently.
+    """
+    if job.osdp.plan and plan is None:
+        raise ValueError(f"describe: osdp.plan = {job.osdp.plan!r} was not read (run_description.read_osdp_plan)")
+    dataset = build.dataset(job)
+    skeleton = build.skeleton(job, dataset)
+    doc = plan.doc if plan is not None else None
+    build.check_osdp_plan(job, skeleton, doc)
+    build.check_memory_limit(job, skeleton, doc)
+    return RunDescription(job=job, workers=workers, dataset=dataset, plan=plan, skeleton=skeleton,
+                          identity=identity)

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from ebsp_mpi.runtime.env import SHM_DIR, prepare_rank_env, world_size_from_env
+from ebsp_mpi.runtime.transport.env import SHM_DIR, prepare_rank_env, world_size_from_env
 
 prepare_rank_env()
 
@@ -46,7 +46,7 @@ def pytest_xdist_auto_num_workers(config):
 #
 # A job whose ranks are killed (the fault tests, MPI_Abort) never finalizes MPI, so the shared-memory file
 # of its node stays in /dev/shm until it is removed: 11 MB for a 5-rank job with the eager cells every rank
-# sets (runtime.env.MPICH_SHM_VARS), RAM that a tmpfs holds. The suite removes those its own runs left: files
+# sets (runtime.transport.env.MPICH_SHM_VARS), RAM that a tmpfs holds. The suite removes those its own runs left: files
 # that appeared during the session and that no process maps or holds open. (A job starting beside the
 # suite always has its file open or mapped: its first rank creates it open and maps it before closing it.)
 

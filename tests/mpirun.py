@@ -14,8 +14,8 @@ import pytest
 
 from ebsp_mpi.errors import UsageError
 from ebsp_mpi.outputs import read_model
-from ebsp_mpi.runtime.env import (OPEN_MPI, cap_blas_threads, find_mpiexec, launch_env, launch_flags,
-                                  mpi_implementation, rank_from_env, world_size_from_env)
+from ebsp_mpi.runtime.transport.env import (OPEN_MPI, cap_blas_threads, find_mpiexec, launch_env, launch_flags,
+                                            mpi_implementation, rank_from_env, world_size_from_env)
 
 
 def mpiexec() -> list[str]:

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from ebsp_mpi.backend import BackendError, cupy_status, resolve_backend
-from ebsp_mpi.progress import Progress
 from ebsp_mpi.errors import UsageError
-from ebsp_mpi.runtime import env as launch
-from ebsp_mpi.runtime.env import (BLAS_THREAD_VARS, MPICH, MPICH_SHM_VARS, SHM_EAGER_BYTES, cap_blas_threads,
-                                  find_mpiexec, mpi_implementation, prepare_rank_env,
-                                  rank_from_env, world_size_from_env)
-from ebsp_mpi.runtime.protocol import COALESCE_BYTES
+from ebsp_mpi.progress import Progress
+from ebsp_mpi.runtime.transport import env as launch
+from ebsp_mpi.runtime.transport.env import (BLAS_THREAD_VARS, MPICH, MPICH_SHM_VARS, SHM_EAGER_BYTES, cap_blas_threads,
+                                            find_mpiexec, mpi_implementation, prepare_rank_env, rank_from_env,
+                                            world_size_from_env)
+from ebsp_mpi.runtime.transport.protocol import COALESCE_BYTES
 
 
 def test_numpy_backend_and_host_copies():
@@ -139,7 +139,7 @@ def test_under_mpich_a_joined_message_travels_eagerly():
         pytest.skip("the settings are MPICH's")
     if launch.shm_room() < 2 * launch.SHM_BYTES_PER_RANK:
         pytest.skip("no room in /dev/shm for the eager cells of 2 ranks: MPICH's defaults are kept")
-    code = f"from ebsp_mpi.runtime.env import prepare_rank_env; prepare_rank_env()\n{EAGER_CHILD}"
+    code = f"from ebsp_mpi.runtime.transport.env import prepare_rank_env; prepare_rank_env()\n{EAGER_CHILD}"
     said = {}
     for case, extra in (("ours", {}), ("mpich's", {"MPIR_CVAR_CH4_SHM_POSIX_IQUEUE_CELL_SIZE": "8192"})):
         p = subprocess.run([*mpiexec(), "-n", "2", sys.executable, "-c", code, str(COALESCE_BYTES)],

@@ -16,7 +16,7 @@ import pytest
 from ebsp_mpi.bench import KINDS, report
 from ebsp_mpi.nn import kernels
 from ebsp_mpi.outputs import read_model
-from ebsp_mpi.runtime.env import launch_command
+from ebsp_mpi.runtime.transport.env import launch_command
 from mpirun import child_env, local, mpiexec, train
 
 pytestmark = pytest.mark.timeout(180)
@@ -280,7 +280,7 @@ def test_ps_with_servers_runs_each_number_of_servers_with_the_workers_left(tmp_p
 def test_the_server_work_of_the_raw_reference_is_the_servers_bsp_step():
     from ebsp_mpi import build
     from ebsp_mpi.bench.ps import ServerWork, job_for
-    from ebsp_mpi.runtime.protocol import plan_chunks
+    from ebsp_mpi.runtime.transport.protocol import plan_chunks
 
     job = job_for(2000, 1, "bsp", False)
     size = 2000

@@ -78,7 +78,7 @@ def test_the_fake_refuses_what_a_gpu_refuses(device):
 
 
 def test_the_fakes_memory_pool_keeps_every_block_until_its_free_blocks_are_dropped(device):
-    """What runtime/peak.py reads on a GPU: the pool's total is the most it held at once."""
+    """What runtime/worker/peak.py reads on a GPU: the pool's total is the most it held at once."""
     pool = device.get_default_memory_pool()
     pool.free_all_blocks()
     used = pool.used_bytes()
@@ -133,13 +133,13 @@ class RecordingComm:
 def make_worker(tmp_path, *overrides):
     """Worker 0 (rank 1 of 3, one server) of a small MLP job on the fake device, chunks of 1 KiB."""
     from ebsp_mpi.config import load_job
-    from ebsp_mpi.runtime.comm import Context
+    from ebsp_mpi.runtime.transport.context import Context
     from ebsp_mpi.runtime.launch import make_role
 
     job = load_job(None, ["backend=cupy", "trace.enabled=false", "runtime.chunk_bytes=1024", *overrides])
     comm = RecordingComm()
     ctx = Context(comm=comm, rank=1, size=3, local_rank=1, factor_comm=RecordingComm())
-    return make_role(ctx, job, tmp_path), comm
+    return make_role(ctx, job, tmp_path, plan=None), comm
 
 
 def push_once(worker):
@@ -261,7 +261,7 @@ def test_bsp_with_factors_steps_the_layers_the_same_staged_or_on_the_device(devi
     """BSP with ``comm.hybrid = sfb``: each worker steps the SFB layers itself, with the host optimizer.
     With CUDA-aware MPI the weights it steps live on the device (``params_buf`` is the device buffer),
     and the step must reach them there, equal to the staged worker's step on its host mirror."""
-    from ebsp_mpi.runtime.protocol import PULL_FIELDS
+    from ebsp_mpi.runtime.transport.protocol import PULL_FIELDS
 
     stepped = {}
     for cuda_aware in ("false", "true"):

@@ -1,7 +1,7 @@
 """An MPMD launch that gives one rank its own ``MPIR_CVAR_*`` hung silently in ``MPI_Init`` for 300 s,
 then dumped a stack (or aborted with MPICH's ``Out of memory``, by chance): the ranks of a node now
-compare their settings before ``MPI_Init`` (``runtime.node_settings``), and a rank stuck there all the
-same is ended past ``EBSP_MPI_INIT_TIMEOUT_S`` with one line naming its settings (``runtime.init_watch``)."""
+compare their settings before ``MPI_Init`` (``runtime.rank.node_settings``), and a rank stuck there all the
+same is ended past ``EBSP_MPI_INIT_TIMEOUT_S`` with one line naming its settings (``runtime.rank.init_watch``)."""
 
 import signal
 import subprocess
@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-from ebsp_mpi.runtime.env import MPICH_SHM_VARS
-from ebsp_mpi.runtime.init_watch import mpich_settings
+from ebsp_mpi.runtime.rank.init_watch import mpich_settings
+from ebsp_mpi.runtime.transport.env import MPICH_SHM_VARS
 from mpirun import child_env, mpiexec
 
-WATCHED = ("import time; from ebsp_mpi.runtime.init_watch import InitWatch; w = InitWatch({timeout}, 'stuck'); "
+WATCHED = ("import time; from ebsp_mpi.runtime.rank.init_watch import InitWatch; w = InitWatch({timeout}, 'stuck'); "
            "time.sleep({sleep}); w.done(); print('returned')")
 
 
@@ -74,7 +74,7 @@ def test_a_launch_that_agrees_leaves_no_file_behind(tmp_path):
                                  {"MPI_LOCALNRANKS": "٣", "MPI_LOCALRANKID": "0", "PMI_SIZE": "3"}])
 def test_launcher_values_no_launch_gives_are_not_compared(env):
     """A local rank past the local count was an IndexError; a local count of 10**8 built 10**8 paths."""
-    from ebsp_mpi.runtime.node_settings import disagreement
+    from ebsp_mpi.runtime.rank.node_settings import disagreement
 
     assert disagreement(env, wait_s=0.1) == (None, [])
 

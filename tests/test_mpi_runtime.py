@@ -16,9 +16,9 @@ pytestmark = [pytest.mark.mpi(min_size=3), pytest.mark.timeout(120)]
 
 @pytest.fixture
 def ctx():
-    from ebsp_mpi.runtime import comm
+    from ebsp_mpi.runtime.rank.start import setup
 
-    return comm.setup()
+    return setup()
 
 
 def shared_tmpdir(ctx):
@@ -54,7 +54,7 @@ def test_bsp_run_in_process_equals_the_single_process_oracle(ctx):
     base = shared_tmpdir(ctx)
     overrides = ["sync.model=bsp", "stop.iterations=15", "straggler.enabled=false", "optim.weight_decay=1e-4"]
     job = load_job(None, overrides)
-    code = run_mpi(job, os.path.join(base, "mpi"), show_progress=False)
+    code = run_mpi(job, os.path.join(base, "mpi"), show_progress=False, plan=None)
     verdict = None
     if ctx.rank == 0:
         from pathlib import Path
@@ -62,7 +62,7 @@ def test_bsp_run_in_process_equals_the_single_process_oracle(ctx):
         oracle_dir = Path(base) / "oracle"
         oracle_dir.mkdir()
         reference.train(load_job(None, overrides + [f"sync.workers={ctx.workers}"]), oracle_dir, ctx.workers,
-                    show_progress=False)
+                    show_progress=False, plan=None)
         a, _ = read_model(Path(base) / "mpi" / "model.h5")
         b, _ = read_model(oracle_dir / "model.h5")
         verdict = max(float(np.abs(a[k] - b[k]).max()) for k in a) if sorted(a) == sorted(b) else "names differ"
@@ -77,7 +77,7 @@ def _started_server(ctx, job, run_dir):
 
     from ebsp_mpi.runtime.launch import make_role
 
-    server = make_role(ctx, job, Path(run_dir), show_progress=False)
+    server = make_role(ctx, job, Path(run_dir), show_progress=False, plan=None)
     server._carry_out(server.coordinator.start(0.0), 0.0)
     return server
 
@@ -114,7 +114,7 @@ def _worker_with_weights(ctx, job, run_dir):
 
     from ebsp_mpi.runtime.launch import make_role
 
-    worker = make_role(ctx, job, Path(run_dir))
+    worker = make_role(ctx, job, Path(run_dir), plan=None)
     MPI.Request.Waitall(worker.dense.start_first_pull().requests)
     return worker
 
@@ -152,7 +152,7 @@ def test_short_push_is_a_protocol_error_not_a_hang(ctx):
     from mpi4py import MPI
 
     from ebsp_mpi.config import load_job
-    from ebsp_mpi.runtime.protocol import CHUNK_TAG0, ProtocolError
+    from ebsp_mpi.runtime.transport.protocol import CHUNK_TAG0, ProtocolError
 
     job = load_job(None, ["stop.iterations=5", "trace.enabled=false"])
     run_dir = shared_tmpdir(ctx)

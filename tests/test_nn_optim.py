@@ -172,7 +172,7 @@ def _finds_every_kind_of_non_finite(dtype):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_all_finite_allocates_nothing_the_size_of_its_array(dtype):
-    # OSDP's peak (runtime/peak.py, tracemalloc) counts whatever a worker allocates while it trains
+    # OSDP's peak (runtime/worker/peak.py, tracemalloc) counts whatever a worker allocates while it trains
     a = np.ones(1_000_000, dtype=dtype)
     tracemalloc.start()
     try:

@@ -1,5 +1,5 @@
 """OSDP plans, run: on-demand and split layers in the worker (``nn.ondemand``, ``plan.osdp_schedule``,
-``runtime.fetch``).
+``runtime.transport.fetch``).
 
 The pure part is checked against :meth:`Model.loss_and_grad` on whole models, with a transport that
 copies units in and out of the fetch buffer the way the worker's messages do. The runs check that
@@ -29,9 +29,9 @@ from ebsp_mpi.nn.params import ParamSpace, TensorSpec
 from ebsp_mpi.plan.osdp import Block, CostModel, memory
 from ebsp_mpi.plan.osdp_files import PLAN_FORMAT, SHAPE_KEYS, VERSION, OsdpFileError, model_layers
 from ebsp_mpi.plan.osdp_schedule import make_schedule, on_demand_tensors
-from ebsp_mpi.runtime.layout import Layout, _cut
-from ebsp_mpi.runtime.peak import IterationTimes, pool_bound
-from ebsp_mpi.runtime.protocol import Chunk
+from ebsp_mpi.runtime.transport.layout import Layout, _cut
+from ebsp_mpi.runtime.transport.protocol import Chunk
+from ebsp_mpi.runtime.worker.peak import IterationTimes, pool_bound
 from cliutil import one_line_error
 from mpirun import max_abs_difference, oracle_run, signal_rank_mid_run, train
 

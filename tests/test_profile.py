@@ -10,6 +10,7 @@ import pytest
 from ebsp_mpi import build
 from ebsp_mpi.cli import main
 from ebsp_mpi.config import load_job
+from ebsp_mpi.run_description import describe, read_osdp_plan
 from ebsp_mpi.plan.osdp_files import (PLAN_FORMAT, VERSION, OsdpFileError, model_layers, network_from_bench, read_plan,
                                       read_profile)
 from cliutil import one_line_error
@@ -89,7 +90,7 @@ def test_plan_from_profile_is_what_the_job_reads(profile_file, tmp_path, capsys)
     doc = read_plan(plan)
     assert doc["batch_size"] == 8 and all(e["mode"] == "resident" for e in doc["layers"])
     job = job_of("--set", f"osdp.plan={plan}")
-    assert build.osdp_plan(job, build.model(job, build.dataset(job)))["layers"] == doc["layers"]
+    assert describe(job, 1, read_osdp_plan(job)).plan_doc["layers"] == doc["layers"]
 
     # --latency alone replaces the profile's latency and keeps its measured bandwidth
     fast = tmp_path / "latency.json"
@@ -164,7 +165,7 @@ def test_job_naming_a_bad_plan(capsys, tmp_path):
     bad.write_text(json.dumps({"format": "something else"}))
     job = job_of("--set", f"osdp.plan={bad}")
     with pytest.raises(OsdpFileError, match="not an OSDP plan"):
-        build.model(job, build.dataset(job))
+        read_osdp_plan(job)
     line = one_line_error(capsys, ["train", *JOB, "--set", f"osdp.plan={tmp_path / 'none.json'}",
                                    "--set", "stop.iterations=1", "-q", "--out", str(tmp_path / "run")])
     assert "osdp.plan" in line and "not found" in line
@@ -185,7 +186,7 @@ def test_memory_limit_stops_a_run_that_needs_more(capsys, tmp_path, profile_file
                  "--out", str(plan)]) == 0
     peak = read_plan(plan)["predicted"]["peak_bytes"]
     ok = job_of("--set", f"osdp.plan={plan}", "--set", f"osdp.memory_limit={peak}")
-    build.model(ok, build.dataset(ok))
+    describe(ok, 1, read_osdp_plan(ok))
     line = one_line_error(capsys, [*run, "--set", f"osdp.plan={plan}", "--set", f"osdp.memory_limit={peak - 1}",
                                    "--out", str(tmp_path / "r2")])
     assert "predicts a peak of" in line

@@ -6,13 +6,13 @@ import pytest
 from mpi4py import MPI
 
 from ebsp_mpi.nn import build_model
-from ebsp_mpi.runtime import protocol
-from ebsp_mpi.runtime.protocol import (AUTO_CHUNK_BYTES, CHUNK_TAG0, PULL, PULL_FIELDS, PUSH, PUSH_FIELDS, STATS_TAG,
-                                      ProtocolError, chunk_bytes_for, coalesce_chunks, field_index, header, pack,
-                                      plan_chunks)
-from ebsp_mpi.runtime.hybrid import parts_of_chunks
-from ebsp_mpi.runtime.layout import _coalesced
-from ebsp_mpi.runtime.wire_dense import _chunks_of_tensors
+from ebsp_mpi.runtime.transport import protocol
+from ebsp_mpi.runtime.transport.hybrid import parts_of_chunks
+from ebsp_mpi.runtime.transport.layout import _coalesced
+from ebsp_mpi.runtime.transport.protocol import (AUTO_CHUNK_BYTES, CHUNK_TAG0, PULL, PULL_FIELDS, PUSH, PUSH_FIELDS,
+                                                 STATS_TAG, ProtocolError, chunk_bytes_for, coalesce_chunks,
+                                                 field_index, header, pack, plan_chunks)
+from ebsp_mpi.runtime.worker.wire_dense import _chunks_of_tensors
 
 
 def test_headers_are_written_and_read_by_field_name():
@@ -122,7 +122,7 @@ class _Inbox:
 def _server_with(inbox, left, paced=()):
     from types import SimpleNamespace
 
-    from ebsp_mpi.runtime.peers import PeerServers
+    from ebsp_mpi.runtime.servers.peers import PeerServers
 
     ctx = SimpleNamespace(comm=inbox, servers=1, worker_of=lambda rank: rank - 1, now=lambda: 0.0)
     flushed = []  # the workers whose traces are closed, in the order their statistics came
@@ -181,12 +181,13 @@ def test_replies_in_flight_are_told_apart_by_identity():
 
 
 def test_a_wait_on_the_server_counts_its_keep_alives_as_word_from_it(monkeypatch):
-    """A worker's deadline on the server (comm.Silence): silence past the timeout is a StallError naming
+    """A worker's deadline on the server (``deadlines.Silence``): silence past the timeout is a StallError naming
     the server, but each keep-alive that arrives starts the count again and posts the receive anew."""
-    from ebsp_mpi.runtime import comm
+    from ebsp_mpi.runtime.transport import deadlines
+    from ebsp_mpi.runtime.transport.failures import StallError
 
     clock = [0.0]
-    monkeypatch.setattr(comm.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(deadlines.time, "monotonic", lambda: clock[0])
 
     class KeepAlive:
         def __init__(self):
@@ -200,7 +201,7 @@ def test_a_wait_on_the_server_counts_its_keep_alives_as_word_from_it(monkeypatch
             self.posted += 1
 
     keepalive = KeepAlive()
-    silence = comm.Silence(4.0, "the server (rank 0)", keepalive)
+    silence = deadlines.Silence(4.0, "the server (rank 0)", keepalive)
     clock[0] = 3.9
     silence.check()  # within the timeout
     keepalive.arrived = True
@@ -210,16 +211,17 @@ def test_a_wait_on_the_server_counts_its_keep_alives_as_word_from_it(monkeypatch
     clock[0] = 10.9
     silence.check()
     clock[0] = 11.1
-    with pytest.raises(comm.StallError, match=r"the server \(rank 0\) sent nothing for 4\.1 s"):
+    with pytest.raises(StallError, match=r"the server \(rank 0\) sent nothing for 4\.1 s"):
         silence.check()
 
 
 def test_a_wait_looks_at_its_deadline_at_most_every_few_milliseconds(monkeypatch):
     """Each look at the keep-alive is an MPI call; a waiting rank polls every 20 - 200 us."""
-    from ebsp_mpi.runtime import comm
+    from ebsp_mpi.runtime.transport import deadlines
+    from ebsp_mpi.runtime.transport.failures import StallError
 
     clock = [0.0]
-    monkeypatch.setattr(comm.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(deadlines.time, "monotonic", lambda: clock[0])
 
     class KeepAlive:
         tests = 0
@@ -229,18 +231,18 @@ def test_a_wait_looks_at_its_deadline_at_most_every_few_milliseconds(monkeypatch
             return False
 
     keepalive = KeepAlive()
-    silence = comm.Silence(4.0, "the server (rank 0)", keepalive)
+    silence = deadlines.Silence(4.0, "the server (rank 0)", keepalive)
     for step in range(100):  # 100 polls 20 us apart: 2 ms
         clock[0] = step * 2e-5
         silence.check()
     assert keepalive.tests == 1
     clock[0] = 4.1  # still, past the timeout the next look raises
-    with pytest.raises(comm.StallError):
+    with pytest.raises(StallError):
         silence.check()
 
 
 def test_orders_round_trip_through_their_encoding():
-    from ebsp_mpi.runtime.protocol import (ApplyOrder, EndOrder, ReplyOrder, RoundOrder, SnapshotOrder,
+    from ebsp_mpi.runtime.transport.protocol import (ApplyOrder, EndOrder, ReplyOrder, RoundOrder, SnapshotOrder,
                                            decode_orders, encode_orders)
 
     orders = [ApplyOrder(3, 2**40), RoundOrder((0, 2, 5), 17), RoundOrder((), 18), ReplyOrder(1, True),
@@ -256,7 +258,7 @@ def test_orders_round_trip_through_their_encoding():
     ([(2, 1, 7), (4, 0, 0)], "round of 1 members"),
 ])
 def test_a_malformed_order_message_is_a_protocol_error(rows, message):
-    from ebsp_mpi.runtime.protocol import ProtocolError, decode_orders
+    from ebsp_mpi.runtime.transport.protocol import ProtocolError, decode_orders
 
     with pytest.raises(ProtocolError, match=message):
         decode_orders(np.array(rows, dtype=np.float64).reshape(-1))

@@ -16,7 +16,7 @@ import pytest
 from mpirun import (child_env, dead_rank_named, local, mpiexec, signal_until_named, train, train_cmd,
                     watchdog_flags)
 
-from ebsp_mpi.runtime.env import launch_command
+from ebsp_mpi.runtime.transport.env import launch_command
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 

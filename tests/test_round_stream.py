@@ -11,8 +11,8 @@ import pytest
 from ebsp_mpi.nn.average import round_mean
 from ebsp_mpi.nn.optim import SGD
 from ebsp_mpi.outputs import read_model
-from ebsp_mpi.runtime.protocol import CHUNK_TAG0, Chunk, ProtocolError
 from ebsp_mpi.runtime.round_stream import RoundStream
+from ebsp_mpi.runtime.transport.protocol import CHUNK_TAG0, Chunk, ProtocolError
 from ebsp_mpi.trace import read_run
 from datafiles import write_poisoned
 from mpirun import train

@@ -10,7 +10,7 @@ import h5py
 import pytest
 
 from ebsp_mpi.outputs import read_model, write_model, write_summary
-from ebsp_mpi.runtime.env import local_ranks, rank_from_env, world_size_from_env
+from ebsp_mpi.runtime.transport.env import local_ranks, rank_from_env, world_size_from_env
 from ebsp_mpi.safe_text import LABEL_CHARS, MAX_CHARS, ascii_digits, clean_text, clean_tree, path_label
 from ebsp_mpi.trace import read_run
 from ebsp_mpi.trace.writer import TraceWriter

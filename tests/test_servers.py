@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from ebsp_mpi.outputs import read_model
-from ebsp_mpi.runtime.protocol import owner_of_chunks, plan_chunks, plan_shards
+from ebsp_mpi.runtime.transport.protocol import owner_of_chunks, plan_chunks, plan_shards
 from ebsp_mpi.trace import read_run
 from datafiles import write_poisoned
 from mpirun import (dead_rank_named, max_abs_difference, oracle_run, resume, signal_until_named, train,

@@ -3,7 +3,7 @@ line naming the nodes and ranks (the rank-to-node map every rank learns at set-u
 
 import pytest
 
-from ebsp_mpi.runtime.placement import servers_alone_refusal, workers_beside_servers
+from ebsp_mpi.runtime.rank.placement import servers_alone_refusal, workers_beside_servers
 from mpirun import train
 
 

@@ -62,16 +62,16 @@ class FakeComm:
 def store():
     """Rank 0's store of a run of one server and two workers under ASP (replies from snapshots), with
     messages of 1 KiB so that a reply is many sends."""
-    from ebsp_mpi import build
     from ebsp_mpi.config import load_job
-    from ebsp_mpi.runtime.comm import Context
-    from ebsp_mpi.runtime.layout import make_layout
+    from ebsp_mpi.run_description import describe
+    from ebsp_mpi.runtime.transport.context import Context
+    from ebsp_mpi.runtime.transport.layout import make_layout
     from ebsp_mpi.runtime.shard import ShardStore
 
     job = load_job(None, ["sync.model=asp", "trace.enabled=false", "runtime.chunk_bytes=1024"])
     ctx = Context(comm=FakeComm(), rank=0, size=3, local_rank=0)
-    model = build.model(job, build.dataset(job))
-    store = ShardStore(ctx, job, model.space.data, make_layout(ctx, job, model), 0, round_based=False)
+    description = describe(job, ctx.workers, None)
+    store = ShardStore(ctx, job, description.model().space.data, make_layout(ctx, description), 0, round_based=False)
     rng = np.random.default_rng(0)
     for g in store.grads:  # a push's gradient, as if it had arrived
         g[:] = rng.standard_normal(g.size, dtype=np.float32)

@@ -353,7 +353,7 @@ needs_mpich = pytest.mark.skipif("MPICH" not in _library_version(), reason="the 
 def test_a_rank_that_mpi_init_holds_exits_after_ebsp_mpi_init_timeout(tmp_path):
     """A process manager that never answers (as a stale segment of a requeued job holds MPICH's ranks)
     holds MPI_Init for ever; past EBSP_MPI_INIT_TIMEOUT_S the rank's watcher says so in one line, naming
-    the rank's MPICH settings, and kills it (runtime.init_watch)."""
+    the rank's MPICH settings, and kills it (runtime.rank.init_watch)."""
     import socket
 
     with socket.socket() as silent:

@@ -31,7 +31,7 @@ def add_parser(subparsers) -> None:
 
 def main(args) -> int:
     """Run ``bench KIND``; its exit code (0 on success)."""
-    from ..runtime.env import rank_from_env
+    from ..runtime.transport.env import rank_from_env
 
     options = argparse.ArgumentParser(add_help=False)
     options.add_argument("--json", metavar="FILE")

@@ -105,7 +105,7 @@ class Cluster:
 
 
 def _env() -> dict:
-    from ..runtime.env import cap_blas_threads
+    from ..runtime.transport.env import cap_blas_threads
 
     return cap_blas_threads(dict(os.environ))
 
@@ -133,7 +133,7 @@ def _wait(procs: list[subprocess.Popen], timeout: float, who: str) -> None:
 
 def run_ours(cluster: Cluster, where: Placement, overrides: list[str], out: Path, args) -> dict:
     """One BSP run under Hydra across the placement's nodes; its figures (``cluster_figures``)."""
-    from ..runtime.env import find_mpiexec
+    from ..runtime.transport.env import find_mpiexec
     from ..trace import read_run
 
     sets = [a for o in overrides + [f"runtime.servers={where.servers}"] for a in ("--set", o)]

@@ -140,12 +140,12 @@ def per_iteration(summary: dict, layer: str) -> dict:
 def run_case(world_comm, shape, k: int, mode: str, args, max_workers: int) -> dict | None:
     """One BSP job on ranks 0..k; on rank 0 its bytes (:func:`per_iteration`), plan and median
     seconds per iteration, elsewhere None."""
-    from ..runtime import comm as runtime_comm
+    from ..runtime.rank.start import setup
 
     sub = subgroup(world_comm, k + 1)
     out = None
     if sub is not None:
-        ctx = runtime_comm.setup(sub)
+        ctx = setup(sub)
         job = job_for(shape, mode, args.warmup + args.iterations, max_workers, args.set)
         with gradient_clock() as spans:
             result = run_job(ctx, job)

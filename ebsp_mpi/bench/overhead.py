@@ -54,9 +54,10 @@ def local_timing(job, warmup: int) -> tuple[float, float]:
     """Iteration period and forward + backward seconds (medians) of the single-process trainer on
     `job` (one worker)."""
     from .. import reference
+    from ..run_description import read_osdp_plan
 
     with tempfile.TemporaryDirectory(prefix="ebsp-bench-local-") as path, gradient_clock() as spans:
-        reference.train(job, Path(path), 1, show_progress=False)
+        reference.train(job, Path(path), 1, show_progress=False, plan=read_osdp_plan(job))
     return _timings(spans, warmup)
 
 
@@ -79,7 +80,7 @@ def measure(comm, args) -> tuple[list[dict], dict, dict, dict]:
     forward + backward seconds of each trainer, and each repetition's ratio of the MPI period to the
     single-process period measured just before it (elsewhere nothing).
     """
-    from ..runtime import comm as runtime_comm
+    from ..runtime.rank.start import setup
 
     traces = {"both": (True, False), "on": (True,), "off": (False,)}[args.traces]
     sub = subgroup(comm, 2)
@@ -88,7 +89,7 @@ def measure(comm, args) -> tuple[list[dict], dict, dict, dict]:
     computes: dict = {}
     paired: dict = {}
     if sub is not None:
-        ctx = runtime_comm.setup(sub)
+        ctx = setup(sub)
         total = args.warmup + args.iterations + 1
         local_s: list[tuple[float, float]] = []
         mpi_s: dict[bool, list[tuple[float, float]]] = {t: [] for t in traces}

@@ -6,7 +6,7 @@ and each number k of workers at once (default 1 ... N-1; the other ranks sleep i
 
 - **round trip** through the real runtime: ``runtime.server.Server`` and ``runtime.worker.Worker`` on
   ranks 0..k, a job whose model (an MLP on synthetic data, one hidden layer) has about P parameters,
-  and workers whose :meth:`~ebsp_mpi.runtime.worker.Worker.compute_gradient` returns at once, so that
+  and workers whose :meth:`~ebsp_mpi.runtime.worker.loop.Worker.compute_gradient` returns at once, so that
   an iteration is the push (chunks + header, persistent requests), the server's work (arrival with
   ``Testsome``, the sync policy, the momentum SGD update; under BSP the reply goes
   out from the parameters, under the other models from a snapshot of them) and the pull reply.
@@ -81,7 +81,7 @@ def chunks_of(job, ctx) -> tuple[int, list]:
     from mpi4py import MPI
 
     from .. import build
-    from ..runtime.protocol import plan_chunks
+    from ..runtime.transport.protocol import plan_chunks
 
     space = build.model(job, build.dataset(job)).space
     bounds = [(t.offset, t.size) for t in space.tensors]
@@ -141,7 +141,7 @@ def _raw_server(comm, size: int, chunks: list, iterations: int, work: ServerWork
     """A server's side of :func:`raw_round_trips`: its chunks of every worker's push in, the reply out."""
     from mpi4py import MPI
 
-    from ..runtime.protocol import PULL_FIELDS, PUSH_FIELDS, header
+    from ..runtime.transport.protocol import PULL_FIELDS, PUSH_FIELDS, header
 
     rank, n = comm.Get_rank(), comm.Get_size() - servers
     mine = [c for k, c in enumerate(chunks) if owner[k] == rank]
@@ -175,7 +175,7 @@ def _raw_worker(comm, size: int, chunks: list, iterations: int, servers: int, ow
     from mpi4py import MPI
 
     from ..nn.kernels import all_finite
-    from ..runtime.protocol import PULL_FIELDS, PUSH_FIELDS, header
+    from ..runtime.transport.protocol import PULL_FIELDS, PUSH_FIELDS, header
 
     grad, params = _filled(size), _filled(size)
     head, reply = header(PUSH_FIELDS), header(PULL_FIELDS)
@@ -201,7 +201,7 @@ def _filled(size: int) -> np.ndarray:
 # -- the runtime --------------------------------------------------------------------------------------
 
 def _timed_worker_class():
-    from ..runtime.worker import Worker
+    from ..runtime.worker.loop import Worker
 
     class TimedWorker(Worker):
         """A worker whose gradient takes no time: its iterations are the push and the pull alone."""
@@ -287,7 +287,7 @@ def round_trip_case(world_comm, params: int, k: int, args) -> tuple[list[dict], 
     first record's target where the buffer has at least 1 MiB, the breakdown of the runtime's
     iterations and the server core's time per round, by case (elsewhere nothing).
     """
-    from ..runtime import comm as runtime_comm
+    from ..runtime.rank.start import setup
 
     sub = subgroup(world_comm, k + 1)
     found: list[dict] = []
@@ -296,7 +296,7 @@ def round_trip_case(world_comm, params: int, k: int, args) -> tuple[list[dict], 
     parts: dict = {}
     cores: dict = {}
     if sub is not None:
-        ctx = runtime_comm.setup(sub)
+        ctx = setup(sub)
         job = job_for(params, args.warmup + args.iterations, args.sync, not args.no_trace, args.set)
         size, chunks = chunks_of(job, ctx) if ctx.rank == 0 else (None, None)
         size, chunks = ctx.comm.bcast((size, chunks), root=0)
@@ -336,18 +336,18 @@ def round_trip_case(world_comm, params: int, k: int, args) -> tuple[list[dict], 
 def sharded_case(world_comm, params: int, servers: int, k: int, args) -> list[dict]:
     """Ranks 0..servers+k-1, for `params` parameters: raw MPI and the runtime with ``runtime.servers =
     servers`` and `k` workers (raw MPI before and after the runtime). Returns the record on rank 0."""
-    from .. import build
-    from ..runtime import comm as runtime_comm
-    from ..runtime.layout import make_layout
+    from ..run_description import describe, read_osdp_plan
+    from ..runtime.rank.start import setup
+    from ..runtime.transport.layout import make_layout
 
     sub = subgroup(world_comm, servers + k)
     found: list[dict] = []
     if sub is not None:
-        ctx = runtime_comm.setup(sub)
+        ctx = setup(sub)
         ctx.servers = servers
         job = job_for(params, args.warmup + args.iterations, args.sync, not args.no_trace,
                       [*args.set, f"runtime.servers={servers}"])
-        layout = make_layout(ctx, job, build.model(job, build.dataset(job)))
+        layout = make_layout(ctx, describe(job, ctx.workers, read_osdp_plan(job)))
         total = args.warmup + args.iterations
         size = layout.shards[-1].hi
         raw = raw_round_trips(ctx.comm, size, layout.chunks, total, servers=servers, owner=layout.owner)[args.warmup:]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 
 from ..errors import UsageError
-from ..runtime.env import world_size_from_env
+from ..runtime.transport.env import world_size_from_env
 
 
 def require_ranks(kind: str, at_least: int) -> None:
@@ -32,7 +32,7 @@ def idle_barrier(comm, poll_s: float = 2e-3) -> None:
     MPICH's blocking ``Barrier`` polls without yielding; with more ranks than cores that steals the
     measured ranks' CPU.
     """
-    from ..runtime.comm import Backoff, wait_all
+    from ..runtime.transport.polling import Backoff, wait_all
 
     wait_all([comm.Ibarrier()], Backoff(first_s=poll_s / 8, max_s=poll_s))
 
@@ -53,6 +53,6 @@ def abort_on_failure():
     try:
         yield
     except BaseException as e:  # noqa: BLE001 - any failure must end the whole job
-        from ..runtime.comm import abort
+        from ..runtime.rank.abort import abort
 
         abort(None, e)

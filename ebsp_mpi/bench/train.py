@@ -85,7 +85,7 @@ def _env(mpiexec: list[str] | None = None) -> dict:
     """One BLAS thread per process; for Open MPI's launcher run as root, its permission too."""
     import os
 
-    from ..runtime.env import cap_blas_threads, launch_env
+    from ..runtime.transport.env import cap_blas_threads, launch_env
 
     env = cap_blas_threads(dict(os.environ))
     return launch_env(mpiexec, env) if mpiexec else env
@@ -127,7 +127,7 @@ def _run_summary(cmd: list[str], timeout: float, env: dict, who: str) -> dict:
 
 def mpi_run(mpiexec: list[str], workers: int, overrides: list[str], timeout: float) -> float:
     sets = [a for o in overrides for a in ("--set", o)]
-    from ..runtime.env import launch_command
+    from ..runtime.transport.env import launch_command
 
     cmd = [*launch_command(mpiexec, workers + 1), sys.executable, "-m", "ebsp_mpi", "train", *sets]
     return _run_summary(cmd, timeout, _env(mpiexec), "the MPI run")["samples_per_second"]
@@ -219,7 +219,7 @@ def main(argv=None, records: list | None = None) -> int:
     if not (args.timeout > 0 and math.isfinite(args.timeout)):
         raise UsageError(f"bench train: --timeout {args.timeout:g}: must be a number of seconds above 0")
     from ..config import load_job
-    from ..runtime.env import find_mpiexec
+    from ..runtime.transport.env import find_mpiexec
 
     for size in args.sizes:  # a bad --set or sync model is one line, before anything runs
         for model in args.models:

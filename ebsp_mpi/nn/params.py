@@ -183,6 +183,8 @@ class ParamSpace:
         forward order, in float64, then cast and copied in, so NumPy and CuPy spaces built from the
         same specs get the same values.
         """
+        if not self._local:  # nothing held (a model's shape alone): nothing to draw
+            return
         rng = numpy.random.default_rng(seed)
         host = numpy.empty(self.data.size, dtype=numpy.float64)
         for spec, v in zip(self.specs, self.tensors, strict=True):

@@ -4,7 +4,7 @@ Failure handling (docs/design.md, "Launch and failure"):
 
 - during set-up (loading the dataset, building the model, opening traces) every rank sends its
   outcome to rank 0, which shares them all; every wait is polled, so that a rank dying meanwhile still
-  aborts the job (``comm.wait_all``), and a rank that has not reported ``runtime.setup_timeout_s``
+  aborts the job (``transport.polling.wait_all``), and a rank that has not reported ``runtime.setup_timeout_s``
   after rank 0 finished is named and the job aborted; if any rank failed, rank 0 prints the first
   error and every rank exits with code 2 (bad input) or 1 — cleanly, without ``MPI_Abort``;
 - once training runs, an exception on any rank prints the rank and the message and calls
@@ -25,27 +25,34 @@ import traceback
 from pathlib import Path
 
 import numpy as np
+from mpi4py import MPI
 
-from ..build import FROM_JOB
 from ..checkpoint import Checkpoint, read_checkpoint
 from ..config import JobConfig, to_dict
 from ..errors import OutputError, UsageError
 from ..outputs import describe_run, make_run_dir, remove_if_unused, training_failed
-from ..run_description import describe, read_osdp_plan
-from . import comm as mpi
-from .env import world_size_from_env
-from .faults import fault_for
-from .placement import servers_alone_refusal
-from .protocol import SETUP_TAG
+from ..run_description import OsdpPlan, describe
+from .rank.abort import abort
+from .rank.faults import fault_for
+from .rank.peer_death import watch_peers
+from .rank.placement import servers_alone_refusal
+from .rank.signals import stop_signals, take_ctrl_c
+from .rank.start import setup
+from .transport.clock import restart_clock
+from .transport.deadlines import Deadline, Silence
+from .transport.env import world_size_from_env
+from .transport.layout import make_layout
+from .transport.polling import wait_all, wait_collective
+from .transport.protocol import SETUP_TAG
 
 log = logging.getLogger(__name__)
 
 
-def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True, resume: bool = False,
-            plan=FROM_JOB, identity=None) -> int:
+def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True, resume: bool = False, *,
+            plan: OsdpPlan | None, identity=None) -> int:
     """Run this rank's part of the job; returns the process exit code. With `resume`, `out` is the run
-    directory of a run to continue from its checkpoint. `plan`: the job's OSDP plan as already read
-    (``run_description.read_osdp_plan``), by default read here. `identity`: what the run is made from
+    directory of a run to continue from its checkpoint. `plan`: the job's OSDP plan as the command line
+    read it (``run_description.read_osdp_plan``; None: the job names none). `identity`: what the run is made from
     (``ebsp_mpi.identity``; a resumed run's checked against its checkpoint, with its run id), by
     default worked out here; a new run's id is rank 0's, shared with every rank."""
     ctx = _start(job)
@@ -69,44 +76,44 @@ def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True, resume:
     if code:
         return code
     try:
-        mpi.restart_clock(ctx, mpi.Silence(job.runtime.stall_timeout_s, "the server (rank 0)", ranks=(0,)))
+        restart_clock(ctx, Silence(job.runtime.stall_timeout_s, "the server (rank 0)", ranks=(0,)))
         ctx.t0 -= resumed_at  # a resumed run's clock goes on from its checkpoint
         summary = role.run()  # a worker's ends by sending its statistics to the server
         # the ranks part together; a rank that stops answering now is named instead of waited for
         others = "a worker or server" if ctx.rank == 0 else "the server (rank 0)"
-        mpi.wait_collective(ctx, ctx.comm.Ibarrier(), mpi.Silence(job.runtime.stall_timeout_s, others,
+        wait_collective(ctx, ctx.comm.Ibarrier(), Silence(job.runtime.stall_timeout_s, others,
                                                                   ranks=() if ctx.rank == 0 else (0,)))
     except BaseException as e:  # noqa: BLE001 - any failure must take the whole job down
-        mpi.abort(ctx, e)
+        abort(ctx, e)
         return 1  # MPI_Abort ends the process; should it come back, this rank has still failed
     if ctx.rank != 0:
-        return mpi.stop_signals.exit_code  # 130 after Ctrl-C: the launcher reports the largest code
+        return stop_signals.exit_code  # 130 after Ctrl-C: the launcher reports the largest code
     print(describe_run(summary, role.run_dir))
     failed = training_failed(summary)
     if failed:
         print(f"ebsp_mpi: error: {failed}", file=sys.stderr)
         return 1
-    return mpi.stop_signals.exit_code
+    return stop_signals.exit_code
 
 
 def _start(job: JobConfig):
     """This rank's MPI context, once the launcher and MPI agree on the world; every rank's PID known
     to the watchers of dead peers."""
-    world, announced = mpi.MPI.COMM_WORLD.Get_size(), world_size_from_env()
+    world, announced = MPI.COMM_WORLD.Get_size(), world_size_from_env()
     if world != announced:  # srun --mpi=none, say: every task an MPI job of its own, each one's rank 0
         raise UsageError(f"the launcher started {announced} processes, but MPI sees a world of {world}: the "
                          f"launcher and this MPI library do not speak the same process-management interface "
                          f"(under srun: --mpi=$(python -m ebsp_mpi.slurm mpi); see slurm/README.md)")
-    ctx = mpi.setup()
-    mpi.take_ctrl_c()
+    ctx = setup()
+    take_ctrl_c()
     ctx.servers = job.runtime.servers
     if ctx.rank != 0:
         logging.getLogger().setLevel(logging.WARNING)
     # a launcher that kills the job when one rank dies may name only its PID: this maps PIDs to ranks;
-    # rank 0 watches every rank, the others the servers (see comm.watch_peers)
+    # rank 0 watches every rank, the others the servers (see rank.peer_death.watch_peers)
     procs = ctx.comm.allgather((ctx.host, os.getpid()))
     ctx.hosts = [host for host, _ in procs]
-    mpi.watch_peers(procs if ctx.rank == 0 else procs[:ctx.servers], ctx.servers)
+    watch_peers(procs if ctx.rank == 0 else procs[:ctx.servers], ctx.servers)
     if ctx.rank == 0:
         log.info("ranks: %s", ", ".join(f"{r} ({ctx.role_of(r)}) pid {pid} on {host}"
                                         for r, (host, pid) in enumerate(procs)))
@@ -125,7 +132,7 @@ def _set_up_outcome(ctx, error: tuple[int, str] | None, new_run_dir: Path | None
     try:
         _share_codes(ctx, error[0] if error else 0, codes, timeout_s)
     except BaseException as e:  # noqa: BLE001 - a peer died or hung while this rank set up
-        mpi.abort(ctx, e)
+        abort(ctx, e)
     if not codes.any():
         return 0
     errors = ctx.comm.gather(error, root=0)  # every rank is alive: each has sent its code
@@ -157,29 +164,29 @@ def _share_codes(ctx, code: int, codes: np.ndarray, timeout_s: float) -> None:
                     f"{timeout_s:g}); it may have died or hung")
 
         receives = [ctx.comm.Irecv(codes[r:r + 1], r, SETUP_TAG) for r in ranks]
-        mpi.wait_all(receives, backoff, mpi.Deadline(timeout_s, say, lambda: sorted(missing)), heard_from)
-        mpi.wait_all([ctx.comm.Ibcast(codes, root=0)], backoff)  # every rank has reported: it waits for this
+        wait_all(receives, backoff, Deadline(timeout_s, say, lambda: sorted(missing)), heard_from)
+        wait_all([ctx.comm.Ibcast(codes, root=0)], backoff)  # every rank has reported: it waits for this
         return
     mine = np.array([code], np.int32)  # kept until the send completes
     send = ctx.comm.Isend(mine, 0, SETUP_TAG)
     outcome = ctx.comm.Ibcast(codes, root=0)
-    mpi.wait_all([send, outcome], backoff, mpi.Deadline(
+    wait_all([send, outcome], backoff, Deadline(
         2 * timeout_s, lambda: f"the server (rank 0) gave no set-up outcome {2 * timeout_s:g} s after rank "
                                f"{ctx.rank} had set up (runtime.setup_timeout_s = {timeout_s:g}); it may have "
                                f"died or hung", lambda: (0,)))
 
 
 def make_role(ctx, job: JobConfig, run_dir: Path, ckpt: Checkpoint | None = None, show_progress: bool = True,
-              worker_class=None, plan=FROM_JOB, identity=None):
+              worker_class=None, *, plan: OsdpPlan | None, identity=None):
     """This rank's part of the job, ready to ``run()``: rank 0 the server and scheduler, ranks
     1..k-1 the other servers (``runtime.servers = k``), the rest workers (`worker_class`, default
     ``Worker``: a benchmark may pass its own). With `ckpt`, each continues from the checkpoint.
 
-    The job is resolved here once into the run every role works from (``RunDescription``); `plan` is
-    its OSDP plan as the command line read it (``read_osdp_plan``), by default read here."""
-    if plan is FROM_JOB:
-        plan = read_osdp_plan(job)
+    The job is resolved here once into the run every role works from (``RunDescription``), with the
+    layout of its messages on these ranks; `plan` is its OSDP plan as the command line read it
+    (``read_osdp_plan``; None: the job names none)."""
     description = describe(job, ctx.workers, plan, identity)
+    description = dataclasses.replace(description, layout=make_layout(ctx, description))
     if ctx.rank == 0:
         from .server import Server
 
@@ -188,7 +195,7 @@ def make_role(ctx, job: JobConfig, run_dir: Path, ckpt: Checkpoint | None = None
         from .shard_server import ShardServer
 
         return ShardServer(ctx, description, run_dir, resume=ckpt)
-    from .worker import Worker
+    from .worker.loop import Worker
 
     start = 0 if ckpt is None else int(ckpt.iterations[ctx.worker_of(ctx.rank)])
     return (worker_class or Worker)(ctx, description, run_dir, start_iteration=start)

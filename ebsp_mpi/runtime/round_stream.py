@@ -32,8 +32,8 @@ from mpi4py import MPI
 
 from ..nn.average import round_mean
 from ..nn.factors import rebuild_gradient
-from .comm import wait_all
-from .protocol import CHUNK_TAG0, ProtocolError
+from .transport.polling import wait_all
+from .transport.protocol import CHUNK_TAG0, ProtocolError
 
 
 class ClosedRound(NamedTuple):

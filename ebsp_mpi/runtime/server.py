@@ -32,15 +32,19 @@ from ..errors import UsageError
 from ..sync.base import Record
 from ..sync.coordinator import Apply, Coordinator, Reject, Reply, Round
 from ..sync.registry import make_policy
-from .comm import (HOUSEKEEPING_S, Context, KeepAlive, StallError, open_rank_trace, stop_signals,
-                   terminate_requested)
-from .faults import fault_for
-from .fetch import FetchServer
-from .layout import make_layout, worker_limits
-from .peers import PeerServers
-from .protocol import ALIVE_TAG, PULL_FIELDS, PUSH, STATS_TAG, ApplyOrder, ProtocolError, ReplyOrder, RoundOrder, pack
-from .recorder import Recorder
+from .rank.faults import fault_for
+from .rank.signals import stop_signals, terminate_requested
+from .rank.trace_file import open_rank_trace
+from .servers.peers import PeerServers
+from .servers.recorder import Recorder
 from .shard import ShardStore
+from .transport.context import Context
+from .transport.failures import StallError
+from .transport.fetch import FetchServer
+from .transport.keepalive import HOUSEKEEPING_S, KeepAlive
+from .transport.layout import worker_limits
+from .transport.protocol import (ALIVE_TAG, PULL_FIELDS, PUSH, STATS_TAG, ApplyOrder, ProtocolError, ReplyOrder,
+                                 RoundOrder, pack)
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +61,7 @@ class Server:
         self.space = model.space
         self.params = model.space.data
         self.policy = make_policy(job.sync, n, seed=job.seed)
-        self.layout = make_layout(ctx, job, model, description.plan_doc)
+        self.layout = description.layout
         self.store = ShardStore(ctx, job, self.params, self.layout, 0, self.policy.round_based,
                                 resume.version if resume is not None else 0)
         self.opt = self.store.opt

@@ -26,10 +26,10 @@ from ..nn.factors import rebuild_gradient
 from ..nn.kernels import all_finite
 from ..nn.staleness import StalenessRule
 from ..nn.versions import VersionStore
-from .comm import JobFailure
-from .hybrid import PS, SFB, ByteCounter, Stacked
-from .protocol import CHUNK_TAG0, PULL_TAG, PUSH, PUSH_FIELDS, PUSH_TAG, ProtocolError, Shard, header
 from .round_stream import ClosedRound, RoundStream
+from .transport.failures import JobFailure
+from .transport.hybrid import PS, SFB, ByteCounter, Stacked
+from .transport.protocol import CHUNK_TAG0, PULL_TAG, PUSH, PUSH_FIELDS, PUSH_TAG, ProtocolError, Shard, header
 
 
 #: ShardStore.part_kind of a push's parts that are no chunk: an SFB layer's factors, the header

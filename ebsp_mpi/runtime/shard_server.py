@@ -20,13 +20,17 @@ import numpy as np
 from mpi4py import MPI
 
 from ..sync.registry import round_based as model_round_based
-from .comm import HOUSEKEEPING_S, Context, KeepAlive, Silence, open_rank_trace, wait_all
-from .faults import fault_for
-from .fetch import FetchServer
-from .layout import make_layout, worker_limits
-from .protocol import (ALIVE_TAG, ORDER_TAG, ORDER_WIDTH, SNAP_TAG, STATS_TAG, ApplyOrder, EndOrder, ProtocolError,
-                       ReplyOrder, RoundOrder, SnapshotOrder, decode_orders)
+from .rank.faults import fault_for
+from .rank.trace_file import open_rank_trace
 from .shard import ShardStore
+from .transport.context import Context
+from .transport.deadlines import Silence
+from .transport.fetch import FetchServer
+from .transport.keepalive import HOUSEKEEPING_S, KeepAlive
+from .transport.layout import worker_limits
+from .transport.polling import wait_all
+from .transport.protocol import (ALIVE_TAG, ORDER_TAG, ORDER_WIDTH, SNAP_TAG, STATS_TAG, ApplyOrder, EndOrder,
+                                 ProtocolError, ReplyOrder, RoundOrder, SnapshotOrder, decode_orders)
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +43,7 @@ class ShardServer:
         self.ctx, self.job, self.run_dir = ctx, job, run_dir
         model = description.model()
         self.params = model.space.data
-        self.layout = make_layout(ctx, job, model, description.plan_doc)
+        self.layout = description.layout
         # rank 0 alone runs the policy; this server only needs to know whether it applies rounds
         round_based = model_round_based(job.sync)
         self.store = ShardStore(ctx, job, self.params, self.layout, ctx.rank, round_based,

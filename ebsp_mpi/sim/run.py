@@ -46,7 +46,7 @@ from ..trace.writer import encode_attrs, trace_path, write_whole
 from ..run_description import describe as describe_run
 from .recorded import recorded_pushes
 from .restarts import simulate_resumed
-from .training import EmulatedTrainer, check_evaluations
+from .training import EmulatedTrainer, check_emulable, check_evaluations
 from .workers import ModelWorkers, ReplayWorkers
 
 #: Workers above which the workers' iterations go into one file, not one file per rank.
@@ -135,6 +135,8 @@ def _prepare(job: JobConfig, workers: int, replay, iterations: int | None, train
     # config then tells its readers that worker w is rank w + 1, as the files are written
     job = replace(job, runtime=replace(job.runtime, servers=1))
     recorded = recorded_pushes(replay, job, workers) if train and replay is not None else None
+    if train:
+        check_emulable(job)  # before the run is described: a job naming a plan is refused in one line
     trainer = EmulatedTrainer(describe_run(job, workers, None), recorded.chunk_bytes if recorded else None) \
         if train else None
     limits, until = _limits(job, workers, iterations, trainer)

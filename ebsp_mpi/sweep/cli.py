@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..runtime.env import find_mpiexec
+from ..runtime.transport.env import find_mpiexec
 from ..safe_text import ascii_digits, directory, integer
 from .runner import default_out, plan, run_sweep, write_comparison, write_figures
 from .sbatch import render_sbatch

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..config import load_job
-from ..runtime.env import cap_blas_threads, launch_command, launch_env
+from ..runtime.transport.env import cap_blas_threads, launch_command, launch_env
 from ..safe_text import clean_tree, path_label
 from .spec import Member, Sweep
 
@@ -28,7 +28,7 @@ def member_command(sweep: Sweep, member: Member, ranks: int, run_dir: Path, mpie
                    wrapper: list[str] = ()) -> list[str]:
     """``MPIEXEC [FLAGS] -n N [WRAPPER] python -m ebsp_mpi train [BASE] --set ... --out RUN_DIR -q``, with
     the flags the launcher needs (Open MPI's ``--oversubscribe`` where ranks outnumber cores:
-    ``runtime.env.launch_flags``)."""
+    ``runtime.transport.env.launch_flags``)."""
     cmd = [*launch_command(mpiexec, ranks), *wrapper, sys.executable, "-m", "ebsp_mpi", "train"]
     if sweep.base:
         cmd.append(str(sweep.base))

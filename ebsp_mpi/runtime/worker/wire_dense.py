@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from ..nn.kernels import all_finite
-from .hybrid import PS
-from .protocol import PULL_FIELDS, PULL_TAG, PUSH_FIELDS, PUSH_TAG, header, pack
+from ...nn.kernels import all_finite
+from ..transport.hybrid import PS
+from ..transport.protocol import PULL_FIELDS, PULL_TAG, PUSH_FIELDS, PUSH_TAG, header, pack
 
 
 @dataclass(frozen=True)
@@ -189,7 +189,7 @@ class DenseWire:
         return self.first
 
     def send_header(self, **fields) -> None:
-        """Complete the push on every server: its header (:data:`~ebsp_mpi.runtime.protocol.PUSH_FIELDS`)."""
+        """Complete the push on every server: its header (:data:`~ebsp_mpi.runtime.transport.protocol.PUSH_FIELDS`)."""
         pack(self.push_header, PUSH_FIELDS, **fields)
         MPI.Prequest.Startall(self.header_sends)
 

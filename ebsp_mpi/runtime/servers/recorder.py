@@ -13,13 +13,13 @@ import logging
 
 import numpy as np
 
-from ..checkpoint import LAST_LOSS, TOTALS, Checkpoint
-from ..outputs import build_summary
-from ..progress import Progress
-from ..run_record import RunRecord
-from .comm import mpi_library
+from ...checkpoint import LAST_LOSS, TOTALS, Checkpoint
+from ...outputs import build_summary
+from ...progress import Progress
+from ...run_record import RunRecord
+from ..rank.trace_file import mpi_library
+from ..transport.protocol import PUSH
 from .evaluator import Evaluator
-from .protocol import PUSH
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ with ``MPIDI_POSIX_comm_bootstrap: Out of memory``, by chance. The ranks cannot 
 ``hydra_pmi_proxy``) and ``MPI_LOCALNRANKS``: each rank writes its settings to a file named after that
 parent, reads the others', and when they differ the node's first rank prints one line naming the
 variables and every rank exits with code 2, before ``MPI_Init``. A rank whose peers have not written
-within :data:`WAIT_S` goes on unchecked (the ``MPI_Init`` deadline, ``runtime.init_watch``, still holds).
+within :data:`WAIT_S` goes on unchecked (the ``MPI_Init`` deadline, ``rank.init_watch``, still holds).
 Elsewhere (Open MPI, srun, no ``/dev/shm``) nothing is checked.
 
 A rank removes its file once ``MPI_Init`` has returned (every peer has read it by then). A launch
@@ -23,8 +23,8 @@ import os
 import time
 from pathlib import Path
 
-from ..safe_text import ascii_digits
-from .env import world_size_from_env
+from ...safe_text import ascii_digits
+from ..transport.env import world_size_from_env
 
 #: seconds a rank waits for the other ranks of its node to write their settings
 WAIT_S = 5.0

@@ -31,8 +31,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from ..nn.ondemand import Transport
-from ..plan.osdp_schedule import merge_runs
+from ...nn.ondemand import Transport
+from ...plan.osdp_schedule import merge_runs
 from .hybrid import PS
 from .protocol import FETCH_TAG, ProtocolError
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from mpi4py import MPI
 
-from .. import build
-from ..plan.osdp_schedule import Schedule, make_schedule
-from ..sync.registry import round_based
+from ... import build
+from ...plan.osdp_schedule import Schedule, make_schedule
+from ...sync.registry import round_based
 from .hybrid import SFBLayer, parts_of_chunks, sfb_layers
 from .protocol import COALESCE_BYTES, Chunk, Shard, coalesce_chunks, owner_of_chunks, plan_chunks, plan_shards
 
@@ -39,7 +39,7 @@ class Layout:
     sfb : list of SFBLayer
         The dense layers whose weight gradient travels as sufficient factors.
     sfb_bsp : bool
-        BSP with SFB layers: the workers step those layers themselves (``runtime.hybrid``).
+        BSP with SFB layers: the workers step those layers themselves (``transport.hybrid``).
     hybrid_plan : dict
         ``comm.hybrid``'s choice per tensor, for the summary.
     shards : list of Shard
@@ -122,13 +122,13 @@ def tag_upper_bound(comm) -> int:
     return 32767
 
 
-def make_layout(ctx, job, model, plan=build.FROM_JOB) -> Layout:
-    """The layout of `job` on `model`'s ParamSpace with this job's ranks (``ctx``); `plan`: the job's
-    OSDP plan as read once (``run_description.OsdpPlan.doc``; None: none), by default read here."""
+def make_layout(ctx, description) -> Layout:
+    """The layout of the run `description` (a ``RunDescription``: its job, the model's shape and the
+    OSDP plan, checked already) on this job's ranks (``ctx``)."""
+    job, model, osdp = description.job, description.skeleton, description.plan_doc
     space = model.space
-    total_bytes = space.size * space.data.itemsize
+    total_bytes = space.size * space.dtype.itemsize
     chunk_bytes = ctx.chunk_bytes(job.runtime.chunk_bytes, total_bytes)
-    osdp = build.osdp_plan(job, model, plan)
     schedule = make_schedule(osdp, model) if osdp and any(e["mode"] == "on-demand" for e in osdp["layers"]) else None
     bounds = _cut([(t.offset, t.size) for t in space.tensors], schedule.cuts() if schedule else [])
     chunks = plan_chunks(bounds, space.dtype.itemsize, chunk_bytes, tag_upper_bound(ctx.comm))
@@ -142,7 +142,7 @@ def make_layout(ctx, job, model, plan=build.FROM_JOB) -> Layout:
     try:
         shards = plan_shards(chunks, ctx.servers, together)
     except ValueError as e:
-        from ..errors import UsageError
+        from ...errors import UsageError
 
         raise UsageError(str(e)) from None
     return Layout(chunks=chunks, chunk_parts=chunk_parts, chunk_bytes=chunk_bytes, sfb=sfb,

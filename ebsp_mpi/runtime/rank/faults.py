@@ -22,8 +22,8 @@ import signal
 import time
 from dataclasses import dataclass
 
-from ..errors import UsageError
-from ..safe_text import ascii_digits
+from ...errors import UsageError
+from ...safe_text import ascii_digits
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ pushed from there (``runtime.fetch``, ``nn.ondemand``).
 
 from __future__ import annotations
 
-from ..nn.ondemand import OnDemandStep
-from .fetch import Fetcher
+from ...nn.ondemand import OnDemandStep
+from ..transport.fetch import Fetcher
 
 
 class OnDemandLayers:

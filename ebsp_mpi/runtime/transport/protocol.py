@@ -24,7 +24,7 @@ A worker's iteration, as messages (docs/design.md, "Parameters on the wire"):
   ``runtime.stall_timeout_s`` that it still lives, so that a worker's own watchdog (no word from the
   server within the stall timeout) tells a long hold, or a wait for slower workers to finish, from a
   dead or stopped server. Once every worker's statistics are in, the last one it sends each worker
-  says so (``comm.PARTING``): the worker keeps one receive of them posted from start-up until that one
+  says so (``keepalive.PARTING``): the worker keeps one receive of them posted from start-up until that one
   has come, so none is left unmatched.
 - **fetch** (worker <-> server, on the fetch communicator, ``FETCH_TAG``): with an OSDP plan
   (``osdp.plan``) a worker holds its on-demand layers' weights only while it computes with them. It
@@ -60,10 +60,10 @@ from .env import SHM_EAGER_BYTES
 
 PUSH_TAG = 1
 PULL_TAG = 2
-CLOCK_TAG = 3  # the clock-offset ping-pong at start-up (runtime.comm)
+CLOCK_TAG = 3  # the clock-offset ping-pong at start-up (transport.clock)
 STATS_TAG = 4
 ALIVE_TAG = 5  # the server to a worker whose pull it holds, or that has stopped: it still lives (comm.ALIVE),
-#               or, once every worker has reported, that none will follow (comm.PARTING)
+#               or, once every worker has reported, that none will follow (keepalive.PARTING)
 ORDER_TAG = 6  # rank 0 to the other servers: the orders of the sync policy (runtime.servers > 1)
 SNAP_TAG = 7  # a server to rank 0: its shard of the parameters (and optimizer state), as ordered
 FETCH_TAG = 8  # a worker's request for an on-demand unit, and a server's reply (on Context.fetch_comm)

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from ..nn.losses import cross_entropy_sum
+from ...nn.losses import cross_entropy_sum
 
 
 class Evaluator:

@@ -2,7 +2,7 @@
 deadline"). Standard library only: it runs before MPI starts.
 
 A rank can wait in ``MPI_Init`` forever, printing nothing. One cause is the project's own: MPICH
-requires every rank of a node to use the same shared-memory settings (``runtime.env.MPICH_SHM_VARS``),
+requires every rank of a node to use the same shared-memory settings (``transport.env.MPICH_SHM_VARS``),
 and a rank given its own ``MPIR_CVAR_*`` (an MPMD launch's ``-env`` for one executable) keeps MPICH's
 defaults for all four while the others set them; MPICH then hangs in its shared-memory bootstrap.
 Others: a requeued Slurm job meeting the shared memory its killed first start left behind, a process
@@ -22,12 +22,12 @@ import select
 import signal
 import sys
 
-from .env import MPICH_SHM_VARS
+from ..transport.env import MPICH_SHM_VARS
 
 
 def mpich_settings(env=None) -> str:
     """This rank's ``MPIR_CVAR_*`` settings as one phrase, saying which are the project's
-    (:data:`~ebsp_mpi.runtime.env.MPICH_SHM_VARS`) and which another's."""
+    (:data:`~ebsp_mpi.runtime.transport.env.MPICH_SHM_VARS`) and which another's."""
     env = os.environ if env is None else env
     given = sorted(var for var in env if var.startswith("MPIR_CVAR_"))
     if not given:

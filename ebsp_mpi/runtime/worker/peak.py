@@ -32,7 +32,7 @@ import tracemalloc
 
 import numpy as np
 
-from ..errors import UsageError
+from ...errors import UsageError
 
 #: on CuPy, the device memory a worker's pool may hold beyond its plan's predicted peak (a fraction)
 POOL_HEADROOM = 0.15

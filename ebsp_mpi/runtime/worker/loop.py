@@ -16,7 +16,7 @@ What travels, and how, is the wire's (strategies chosen once, from the run's lay
 The header, sent last to every server, completes the push (after any injected straggler delay). With
 an OSDP plan the worker measures its peak memory (``runtime.peak``) and reports it with its median
 iteration time. Nothing it holds grows with the run's length: the iteration times behind the medians
-are the last :data:`~ebsp_mpi.runtime.peak.KEEP` in a fixed array.
+are the last :data:`~ebsp_mpi.runtime.worker.peak.KEEP` in a fixed array.
 
 A wait that hears nothing for ``runtime.stall_timeout_s`` names the ranks whose messages it still
 lacks (the pull's parts, a fetch's servers, the servers a push goes to), not rank 0 alone.
@@ -33,17 +33,20 @@ from functools import partial
 import numpy as np
 from mpi4py import MPI
 
-from ..backend import resolve_backend
-from ..straggler import straggler_model
-from .comm import PARTING, Context, Silence, open_rank_trace, wait_all
-from .faults import fault_for
-from .hybrid import ByteCounter
-from .layout import make_layout
+from ...backend import resolve_backend
+from ...straggler import straggler_model
+from ..rank.faults import fault_for
+from ..rank.trace_file import open_rank_trace
+from ..transport.context import Context
+from ..transport.deadlines import Silence
+from ..transport.hybrid import ByteCounter
+from ..transport.keepalive import PARTING
+from ..transport.polling import wait_all
+from ..transport.protocol import ALIVE_TAG, PULL, STATS_TAG
+from .osdp import OnDemandLayers, measured
 from .peak import IterationTimes, PeakMemory
-from .protocol import ALIVE_TAG, PULL, STATS_TAG
 from .wire_dense import DenseWire, FiniteCheck, Requests, WireBuffers
 from .wire_factors import FactorWire
-from .worker_osdp import OnDemandLayers, measured
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +85,7 @@ class Worker:
         self.stream.seek(start_iteration)  # batches and jitter follow from the iteration: nothing else to restore
         self.straggler = straggler_model(job.straggler, ctx.workers, job.seed)
         self.buffers = WireBuffers.of(self.model.space, self.backend, job.runtime.cuda_aware_mpi)
-        self.layout = make_layout(ctx, job, self.model, description.plan_doc)
+        self.layout = description.layout
         self.bytes, self.finite = ByteCounter(), FiniteCheck()
         self._make_wire()
         self.times = IterationTimes()  # each iteration's start, and the fetches' wait by then: the medians
@@ -109,7 +112,7 @@ class Worker:
         if layout.sfb:
             velocity = None
             if layout.sfb_bsp and self.start_iteration > 0:  # resumed: the SFB layers step on from here
-                from ..checkpoint import read_checkpoint
+                from ...checkpoint import read_checkpoint
 
                 velocity = read_checkpoint(self.run_dir).velocity
             self.factors = FactorWire(ctx, self.description, layout, self.index, self.buffers, self.bytes,
@@ -166,7 +169,7 @@ class Worker:
 
     def _await_parting(self, backoff) -> None:
         """Once stopped and reported: the server's keep-alives, while slower workers finish and it takes
-        in every one's statistics, until its last (``comm.PARTING``); a server silent for the stall
+        in every one's statistics, until its last (``keepalive.PARTING``); a server silent for the stall
         timeout meanwhile is named. The receive stays posted until then, so none is left unmatched."""
         server = Silence(self.job.runtime.stall_timeout_s, "the server (rank 0)", ranks=(0,))
         while True:

@@ -16,9 +16,12 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from .comm import KeepAlive, Silence, StallError, wait_all
-from .protocol import (ALIVE_TAG, ORDER_TAG, SNAP_TAG, STATS_TAG, EndOrder, Order, ProtocolError, SnapshotOrder,
-                       encode_orders)
+from ..transport.deadlines import Silence
+from ..transport.failures import StallError
+from ..transport.keepalive import KeepAlive
+from ..transport.polling import wait_all
+from ..transport.protocol import (ALIVE_TAG, ORDER_TAG, SNAP_TAG, STATS_TAG, EndOrder, Order, ProtocolError,
+                                  SnapshotOrder, encode_orders)
 
 
 class PeerServers:

@@ -14,10 +14,10 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from .. import build
-from ..nn.factors import FactorSpace, rebuild_gradient
-from .hybrid import SFB, Stacked
-from .protocol import PULL_FIELDS
+from ... import build
+from ...nn.factors import FactorSpace, rebuild_gradient
+from ..transport.hybrid import SFB, Stacked
+from ..transport.protocol import PULL_FIELDS
 from .wire_dense import FiniteCheck, Requests, WireBuffers
 
 

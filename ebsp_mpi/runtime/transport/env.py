@@ -18,8 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..errors import UsageError
-from ..safe_text import ascii_digits
+from ...errors import UsageError
+from ...safe_text import ascii_digits
 
 # MPICH/Hydra and Intel MPI, Open MPI, PMIx (Open MPI 5, Slurm --mpi=pmix), Slurm's srun
 _SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS")
@@ -244,7 +244,7 @@ def launch_flags(mpiexec: list[str], ranks: int, *, survivors_speak: bool = Fals
     - `survivors_speak`: when a rank dies, let the others live long enough to name it. MPICH's Hydra
       kills every rank at once and prints one PID that need not be the dead rank's; with
       ``-disable-auto-cleanup`` it sends the survivors SIGUSR1 instead, and the server names the dead
-      rank (``runtime/comm.py``). Open MPI's launcher names the dead rank itself
+      rank (``runtime/rank/peer_death.py``). Open MPI's launcher names the dead rank itself
       (``prterun noticed that process rank 2 with PID ... exited on signal 9``) and needs nothing.
     """
     kind = mpi_implementation(mpiexec)
