@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from test_elastic import before_first_leave, pushes, simulate, tables
 
+from ebsp_mpi.analysis.runs import model_label
 from ebsp_mpi.config import ConfigError, SyncConfig, load_job
 from ebsp_mpi.sync.elastic import ElasticBSP
 from ebsp_mpi.sync.predictor import PushPredictor
@@ -104,6 +105,16 @@ def test_the_moved_barrier_keeps_its_decision_and_counts_r_from_it():
     assert {m["worker"]: m["r"] for m in rows["barrier_members"]} == {0: 4, 1: 4, 2: 3}
 
 
+def test_a_barrier_moves_no_further_once_a_member_has_pushed_R_times_since_the_decision():
+    # after the re-plan, workers 0 and 1 arrive at their fourth push since the decision (R = 4); worker 2
+    # is late again at 7.0, but no member may push a fifth time before the barrier: the held wait
+    policy = ElasticBSP(3, lookahead=4, replan="overdue")
+    pushes(policy, MONITOR + HELD + [LATE])
+    after = [(0, 4.5), (1, 4.5), (0, 5.5), (1, 5.5), (0, 6.5), (1, 6.5), (2, 7.0)]
+    assert pushes(policy, after) == [(0,), (1,), (0,), (1,), (), (), (2,)]
+    assert policy.replans == 1 and policy.held == {0, 1}
+
+
 def test_the_replan_chooses_only_from_what_is_left_of_R():
     # R = 2: the same decision (r = 1, 1, 2); at the re-plan every member has pushed once since it,
     # so R' = 1: each member's next push is its barrier, its second after the decision
@@ -150,5 +161,8 @@ def test_replan_is_none_or_overdue_in_the_job_and_the_policy():
         ElasticBSP(2, replan="always")
     assert make_policy(SyncConfig(model="elasticbsp"), 3).replan == "none"
     assert make_policy(SyncConfig(model="elasticbsp", replan="overdue"), 3).replan == "overdue"
+    assert model_label({"sync": {"model": "elasticbsp", "lookahead": 15, "zipline_z": "auto", "predictor": "ema",
+                                 "replan": "overdue"}}) == "elasticbsp(R=15,z=auto,ema,replan=overdue)"
+    assert model_label({"sync": {"model": "elasticbsp", "lookahead": 3, "replan": "none"}}) == "elasticbsp(R=3)"
     # config.py names the values itself; they must be what the policy accepts
     assert next(f for f in dataclasses.fields(SyncConfig) if f.name == "replan").metadata["choices"] == REPLAN
