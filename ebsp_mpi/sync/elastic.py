@@ -35,6 +35,12 @@ z is, so the traces show σ also for the paper's ZipLine). With z > 0 the decisi
 interval spreads. z = 0 runs
 :func:`~ebsp_mpi.sync.zipline.zipline` itself: the paper's ZipLine, unchanged.
 
+Re-planned barriers (``replan="overdue"``, :mod:`~ebsp_mpi.sync.replan`): while members are held, a
+member's push that shows the barrier will cost them more waiting than it promised may move the barrier
+(ZipLine again over what is left of R since the decision); the held members are released at once.
+The barrier keeps its id and decision time, and R still counts from the decision, so the bound above
+holds however often it moves.
+
 Trace rows (``take_records``): ``zipline`` (t, n, R, seconds — wall time of the ZipLine call measured
 with ``clock``), ``barriers`` (one per released barrier: predicted point and interval spread, observed
 spread, the z and the mean σ of the chosen entries) and ``barrier_members`` (one per worker of it, with
