@@ -112,6 +112,10 @@ class SyncConfig:
     overdue: str = _opt("none", "ElasticBSP: a worker whose predicted next push lies before the decision "
                                 "(\"widen\": predicted with the time since its last push as its interval; "
                                 "\"none\": the paper's)", choices=("none", "widen"))
+    replan: str = _opt("none", "ElasticBSP: when a member's late push shows the held members will wait longer "
+                               "than the barrier promised (\"overdue\": ZipLine again over the rest of the "
+                               "lookahead, the barrier moved if that promises less waiting; \"none\": the "
+                               "paper's)", choices=("none", "overdue"))
     sample: int = _opt(2, "PSP: other workers each barrier samples (beta); its staleness bound is "
                           "sync.staleness; beta >= workers - 1 is SSP", min=1)
 

@@ -168,13 +168,14 @@ def _sync_label(sync: dict) -> str:
     if model == "elasticbsp":
         penalty = sync.get("penalty") or 0
         shown = f"{penalty:g}" if isinstance(penalty, (int, float)) else str(penalty)
-        # z, the predictor and the overdue rule only where they differ from the paper's (older runs
+        # z, the predictor, the overdue and re-plan rules only where they differ from the paper's (older runs
         # have none of them)
         z = sync.get("zipline_z") or 0
         extra = f",λ={shown}" if penalty else ""
         extra += f",z={z:g}" if isinstance(z, (int, float)) and z else (f",z={z}" if z else "")
         extra += f",{sync['predictor']}" if sync.get("predictor", "last") != "last" else ""
         extra += f",overdue={sync['overdue']}" if sync.get("overdue", "none") != "none" else ""
+        extra += f",replan={sync['replan']}" if sync.get("replan", "none") != "none" else ""
         return f"elasticbsp(R={sync.get('lookahead')}{extra})"
     return model
 

@@ -35,6 +35,12 @@ z is, so the traces show σ also for the paper's ZipLine). With z > 0 the decisi
 interval spreads. z = 0 runs
 :func:`~ebsp_mpi.sync.zipline.zipline` itself: the paper's ZipLine, unchanged.
 
+Re-planned barriers (``replan="overdue"``, :mod:`~ebsp_mpi.sync.replan`): while members are held, a
+member's push that shows the barrier will cost them more waiting than it promised may move the barrier
+(ZipLine again over what is left of R since the decision); the held members are released at once.
+The barrier keeps its id and decision time, and R still counts from the decision, so the bound above
+holds however often it moves.
+
 Trace rows (``take_records``): ``zipline`` (t, n, R, seconds — wall time of the ZipLine call measured
 with ``clock``), ``barriers`` (one per released barrier: predicted point and interval spread, observed
 spread, the z and the mean σ of the chosen entries) and ``barrier_members`` (one per worker of it, with
@@ -54,6 +60,8 @@ from .auto_z import AutoZ
 from .base import NOTHING, Decision, SyncPolicy
 from .prediction_error import PredictionErrorModel
 from .predictor import PushPredictor
+from .replan import (REPLAN, barrier_turned_wrong, late_pace, projected_arrival, replan_lookahead,
+                     replan_matrix, worth_replanning)
 from .zipline import zipline, zipline_robust
 
 #: what a decision does with a worker whose predicted next push lies before the decision time
@@ -69,7 +77,8 @@ class _Barrier:
     predicted_spread: float
     predicted_time: float
     target: dict[int, int]          # worker -> value of done[worker] at which it is held
-    r: dict[int, int]               # worker -> r_i, pushes after the decision
+    r: dict[int, int]               # worker -> r_i, pushes after the decision (after the re-plan, if any)
+    decided: dict[int, int]         # worker -> done[worker] at the decision (a re-plan keeps it: R counts from it)
     predicted_t: dict[int, float]   # worker -> predicted time of its barrier push
     M: np.ndarray                   # the predictions, one row per member in ``row`` order
     row: dict[int, int]             # worker -> its row of M
@@ -77,6 +86,9 @@ class _Barrier:
     z: float
     interval_spread: float          # max(M + zσ) − min(M − zσ) over the chosen entries
     arrival: dict[int, float] = field(default_factory=dict)
+    first_arrival: float = math.inf
+    # the waiting the last re-plan that was not taken promised: another is tried only for more
+    declined: float = 0.0
     missing: int = 0                # active members that have not arrived yet
     # each push a member made after the decision, as (row, k, t): the errors of the predictions
     seen_row: list[int] = field(default_factory=list)
@@ -111,6 +123,9 @@ class ElasticBSP(SyncPolicy):
         ``"widen"``: a worker overdue at the decision (its predicted next push already in the past) is
         predicted with the time since its latest push as its interval
         (:meth:`~ebsp_mpi.sync.predictor.PushPredictor.predict`, ``now``); ``"none"``: the paper's.
+    replan : {"none", "overdue"}
+        ``"overdue"``: a member's push that shows the held members will wait longer than the barrier
+        promised may move the barrier (:mod:`~ebsp_mpi.sync.replan`); ``"none"``: the paper's.
     """
 
     name = "elasticbsp"
@@ -119,7 +134,7 @@ class ElasticBSP(SyncPolicy):
     def __init__(self, workers: int, lookahead: int = 15, penalty: float = 0.0,
                  predictor: str = "last", ema_alpha: float = 0.5, min_pushes: int = 2,
                  clock: Callable[[], float] = time.perf_counter, zipline_z: float | str = 0.0,
-                 overdue: str = "none"):
+                 overdue: str = "none", replan: str = "none"):
         super().__init__(workers)
         if int(lookahead) != lookahead or lookahead < 1:
             raise ValueError(f"ElasticBSP lookahead must be an integer >= 1, got {lookahead}")
@@ -136,6 +151,11 @@ class ElasticBSP(SyncPolicy):
         if overdue not in OVERDUE:
             raise ValueError(f"ElasticBSP overdue must be one of {OVERDUE}, got {overdue!r}")
         self.overdue = overdue
+        if replan not in REPLAN:
+            raise ValueError(f"ElasticBSP replan must be one of {REPLAN}, got {replan!r}")
+        self.replan = replan
+        #: barriers moved by a re-plan so far
+        self.replans = 0
         self.lookahead = int(lookahead)
         self.errors = PredictionErrorModel(workers, self.lookahead)
         self.penalty = float(penalty)
@@ -183,8 +203,11 @@ class ElasticBSP(SyncPolicy):
                 barrier.seen_t.append(t)
                 if self._done[worker] >= target:
                     barrier.arrival[worker] = t
+                    barrier.first_arrival = min(barrier.first_arrival, t)
                     barrier.missing -= 1
                     return self._release_if_complete(t)
+                if barrier.arrival and self.replan != "none":
+                    return self._replan_if_wrong(barrier, worker, t)
             return self._alone[worker]
         if self._monitoring_complete():
             self._decide(t)  # the pusher's barrier lies r >= 1 pushes ahead: it goes on now
@@ -216,8 +239,15 @@ class ElasticBSP(SyncPolicy):
         """Predict, run ZipLine and set each active worker's barrier (ICDM 2019, Alg. 1)."""
         members = sorted(self.active)
         M = self.predictor.predict(members, self.lookahead, now=t if self.overdue == "widen" else None)
+        self._set_barrier(members, M, *self._zipline(members, M, t), t, {w: self._done[w] for w in members})
+        self._decided += 1
+
+    def _zipline(self, members: list[int], M: np.ndarray, t: float):
+        """ZipLine (robust at z > 0) on `M`, `members`' rows, timed into the ``zipline`` table: the
+        result, its interval spread, the σ it used and z."""
+        n, R = M.shape
         z = self.z
-        sigma = self.errors.sigma(members, self.lookahead)
+        sigma = self.errors.sigma(members, R)
         started = self._clock()
         if z == 0.0:
             result = zipline(M, penalty=self.penalty, now=t)
@@ -226,24 +256,65 @@ class ElasticBSP(SyncPolicy):
             result = zipline_robust(M, sigma, z, penalty=self.penalty, now=t)
             interval_spread = result.interval_spread
         seconds = self._clock() - started
-        self._record("zipline", t=t, n=len(members), R=self.lookahead, seconds=seconds)
-        r = {w: int(result.index[i]) + 1 for i, w in enumerate(members)}
+        self._record("zipline", t=t, n=n, R=R, seconds=seconds)
+        return result, interval_spread, sigma, z
+
+    def _set_barrier(self, members: list[int], M: np.ndarray, result, interval_spread: float,
+                     sigma: np.ndarray, z: float, t: float, decided: dict[int, int]) -> None:
+        """The barrier ZipLine chose on `M` at `t`; `decided`: the members' pushes at the decision, from
+        which R counts (a re-plan keeps the barrier's id, decision time and counts)."""
+        # whole columns to lists first: a NumPy element read one at a time costs more than the dicts
+        rows = np.arange(len(members))
+        index, done = result.index, self._done
+        r = dict(zip(members, (index + 1).tolist(), strict=True))
+        first = self._barrier is None
         self._barrier = _Barrier(
-            id=self._decided,
-            t_decided=t,
+            id=self._decided if first else self._barrier.id,
+            t_decided=t if first else self._barrier.t_decided,
             predicted_spread=result.spread,
             predicted_time=result.barrier_time,
-            target={w: self._done[w] + r[w] for w in members},
+            target={w: done[w] + r[w] for w in members},
             r=r,
-            predicted_t={w: float(M[i, result.index[i]]) for i, w in enumerate(members)},
+            decided=decided,
+            predicted_t=dict(zip(members, M[rows, index].tolist(), strict=True)),
             M=M,
-            row={w: i for i, w in enumerate(members)},
-            sigma={w: float(sigma[i, result.index[i]]) for i, w in enumerate(members)},
+            row=dict(zip(members, rows.tolist(), strict=True)),
+            sigma=dict(zip(members, sigma[rows, index].tolist(), strict=True)),
             z=z,
             interval_spread=interval_spread,
             missing=len(members),
         )
-        self._decided += 1
+
+    def _replan_if_wrong(self, barrier: _Barrier, worker: int, t: float) -> Decision:
+        """`worker` pushed at `t` before its barrier while members are held: if the barrier now costs
+        them more waiting than it promised, run ZipLine again over what is left of the lookahead and
+        take the new plan if it promises them less (:mod:`~ebsp_mpi.sync.replan`)."""
+        predictor = self.predictor
+        remaining = barrier.target[worker] - self._done[worker]
+        late_rate = late_pace(predictor.interval(worker), predictor.latest_interval(worker))
+        projected = projected_arrival(t, remaining, late_rate)
+        if not barrier_turned_wrong(barrier.first_arrival, projected, barrier.interval_spread) \
+                or projected - t <= barrier.declined:
+            return self._alone[worker]
+        members = list(self.active_sorted())  # the barrier's members still running
+        done, decided = self._done, barrier.decided
+        R = replan_lookahead(self.lookahead, np.array([done[w] - decided[w] for w in members]))
+        if R < 1:
+            return self._alone[worker]
+        held = [w for w in members if w in barrier.arrival]
+        row = {w: i for i, w in enumerate(members)}
+        M = replan_matrix(predictor.predict(members, R, now=t), t, np.array([row[w] for w in held]),
+                          np.array([predictor.interval(w) for w in held]), row[worker], late_rate)
+        result, interval_spread, sigma, z = self._zipline(members, M, t)
+        if not worth_replanning(projected, t, interval_spread):
+            barrier.declined = interval_spread
+            return self._alone[worker]
+        self._learn_errors(barrier)
+        for w in held:
+            predictor.restart(w, t)
+        self._set_barrier(members, M, result, interval_spread, sigma, z, t, barrier.decided)
+        self.replans += 1
+        return Decision(release=tuple(sorted(held + [worker])))
 
     def _release_if_complete(self, t: float) -> Decision:
         barrier = self._barrier
@@ -283,6 +354,7 @@ class ElasticBSP(SyncPolicy):
                      predicted_interval_spread=barrier.interval_spread,
                      sigma_mean=sum(barrier.sigma.values()) / len(barrier.sigma))
         for w in sorted(barrier.target):
-            self._record("barrier_members", barrier=barrier.id, worker=w, r=barrier.r[w],
+            # r counts from the decision, as R does, whether or not the barrier was re-planned
+            self._record("barrier_members", barrier=barrier.id, worker=w, r=barrier.target[w] - barrier.decided[w],
                          predicted_t=barrier.predicted_t[w],
                          arrival_t=barrier.arrival.get(w, math.nan), sigma=barrier.sigma[w])

@@ -99,6 +99,11 @@ class PushPredictor:
         self._last[w] = self._interval[w] = math.nan
         self._pushes[w] = 0
 
+    def restart(self, worker: int, t: float) -> None:
+        """``worker`` was released at ``t`` after being held: its next interval is measured from ``t``,
+        so the time it was held is not taken for an iteration time (its rule's state is kept)."""
+        self._last[self._check(worker)] = t
+
     def pushes(self, worker: int) -> int:
         """Pushes of ``worker`` observed since its last reset."""
         return self._pushes[self._check(worker)]
@@ -111,6 +116,10 @@ class PushPredictor:
     def interval(self, worker: int) -> float:
         """The interval (seconds per iteration) the rule predicts with; NaN when none is known."""
         return self._rate(self._check(worker))
+
+    def latest_interval(self, worker: int) -> float:
+        """The most recent interval of ``worker`` since its reset (seconds; NaN when none)."""
+        return self._interval[self._check(worker)]
 
     def predict(self, workers: Sequence[int], R: int, first: int = 1, now: float | None = None) -> np.ndarray:
         """Predicted times of pushes k = first .. first+R−1 after each worker's latest push.

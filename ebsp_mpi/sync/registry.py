@@ -22,7 +22,7 @@ _BUILDERS: dict[str, Callable[[SyncConfig, int, int], SyncPolicy]] = {
     "dssp": lambda s, n, seed: DSSP(n, staleness=s.staleness, dssp_range=s.dssp_range),
     "elasticbsp": lambda s, n, seed: ElasticBSP(n, lookahead=s.lookahead, penalty=s.penalty, predictor=s.predictor,
                                                 ema_alpha=s.ema_alpha, zipline_z=s.zipline_z,
-                                                overdue=s.overdue),
+                                                overdue=s.overdue, replan=s.replan),
     "psp": lambda s, n, seed: PSP(n, sample=s.sample, staleness=s.staleness, seed=seed),
 }
 
@@ -52,8 +52,8 @@ def make_policy(sync: SyncConfig, workers: int, seed: int = 0) -> SyncPolicy:
     sync : SyncConfig
         The job's ``[sync]`` section: ``model`` (one of :data:`POLICIES`), and the keys of that model
         (``staleness`` for SSP, DSSP and PSP, ``dssp_range`` for DSSP, ``lookahead``, ``penalty``,
-        ``predictor``, ``ema_alpha``, ``zipline_z`` and ``overdue`` for ElasticBSP, ``sample`` for PSP); the
-        other keys are not read.
+        ``predictor``, ``ema_alpha``, ``zipline_z``, ``overdue`` and ``replan`` for ElasticBSP, ``sample``
+        for PSP); the other keys are not read.
     workers : int
         Number of workers (>= 1).
     seed : int
