@@ -145,8 +145,8 @@ def make_worker(tmp_path, *overrides):
 def push_once(worker):
     """One iteration's gradient and push of its chunks, as ``Worker.run`` does them; the number of
     chunk sends started before the backward pass returned."""
-    worker.dense.begin_push()
-    worker.finite.reset()
+    worker.wire.dense.begin_push()
+    worker.wire.finite.reset()
     model, during = worker.model, []
     backward = model.loss_and_grad
 
@@ -157,33 +157,33 @@ def push_once(worker):
 
     model.loss_and_grad = watched
     worker.compute_gradient()
-    worker.dense.push_rest()
+    worker.wire.dense.push_rest()
     return during[0]
 
 
 def chunk_sends(worker, comm):
-    chunk_requests = {id(r): k for k, r in worker.dense.pushes.items()}
+    chunk_requests = {id(r): k for k, r in worker.wire.dense.pushes.items()}
     return [(chunk_requests[id(e["request"])], e) for e in comm.log if id(e["request"]) in chunk_requests]
 
 
 @pytest.mark.parametrize("wfbp", [False, True], ids=["after-backward", "wait-free"])
 def test_a_staged_push_copies_each_chunk_to_the_host_before_its_send(device, tmp_path, wfbp):
     worker, comm = make_worker(tmp_path, f"runtime.wait_free_backprop={str(wfbp).lower()}")
-    assert worker.buffers.staged and len(worker.dense.chunks) > 4
+    assert worker.wire.buffers.staged and len(worker.wire.dense.chunks) > 4
     # MPI touches host memory only: the mirrors, not the device's buffers
     assert all(type(r.buf) is np.ndarray for r in comm.requests)
-    assert type(worker.buffers.grad) is np.ndarray and type(worker.buffers.params) is np.ndarray
+    assert type(worker.wire.buffers.grad) is np.ndarray and type(worker.wire.buffers.params) is np.ndarray
     assert isinstance(worker.model.space.grad, device.ndarray)
-    worker.buffers.grad[...] = np.nan  # what a send of a chunk not copied yet would carry
+    worker.wire.buffers.grad[...] = np.nan  # what a send of a chunk not copied yet would carry
     before = device.state.d2h_bytes
     started_in_backward = push_once(worker)
     staged_bytes = device.state.d2h_bytes - before
     sends = chunk_sends(worker, comm)
-    assert sorted(k for k, _ in sends) == list(range(len(worker.dense.chunks)))  # each chunk once
+    assert sorted(k for k, _ in sends) == list(range(len(worker.wire.dense.chunks)))  # each chunk once
     grad = device.asnumpy(worker.model.space.grad)
     copied = before
     for k, e in sends:
-        c = worker.dense.chunks[k]
+        c = worker.wire.dense.chunks[k]
         np.testing.assert_array_equal(e["values"], grad[c.start:c.stop])  # the final gradient, copied
         copied += c.size * 4
         assert e["d2h_bytes"] >= copied  # by a device-to-host copy, not read from the device's memory
@@ -195,9 +195,9 @@ def test_a_staged_push_copies_each_chunk_to_the_host_before_its_send(device, tmp
 def test_cuda_aware_sends_read_the_device_buffers_after_a_synchronize(device, tmp_path, wfbp):
     worker, comm = make_worker(tmp_path, "runtime.cuda_aware_mpi=true",
                                f"runtime.wait_free_backprop={str(wfbp).lower()}")
-    assert not worker.buffers.staged
+    assert not worker.wire.buffers.staged
     space = worker.model.space
-    pushes, pulls = list(worker.dense.pushes.values()), worker.dense.first.requests[1:]
+    pushes, pulls = list(worker.wire.dense.pushes.values()), worker.wire.dense.first.requests[1:]
     chunk_bufs = [r.buf for r in pushes] + [r.buf for r in pulls]
     assert all(isinstance(b, device.ndarray) for b in chunk_bufs)  # MPI reads and writes the device
     assert all(np.shares_memory(r.buf, space.grad) for r in pushes)
@@ -205,11 +205,11 @@ def test_cuda_aware_sends_read_the_device_buffers_after_a_synchronize(device, tm
     before = device.state.d2h_bytes
     started_in_backward = push_once(worker)
     sends = chunk_sends(worker, comm)
-    assert sorted(k for k, _ in sends) == list(range(len(worker.dense.chunks)))
+    assert sorted(k for k, _ in sends) == list(range(len(worker.wire.dense.chunks)))
     assert not any(e["pending"] for _, e in sends)  # no kernel still writing what MPI reads
     grad = space.grad.view(np.ndarray)
     for k, e in sends:
-        c = worker.dense.chunks[k]
+        c = worker.wire.dense.chunks[k]
         np.testing.assert_array_equal(e["values"], grad[c.start:c.stop])
     assert device.state.d2h_bytes == before  # no staging copies
     assert (started_in_backward > 0) == wfbp
@@ -267,7 +267,7 @@ def test_bsp_with_factors_steps_the_layers_the_same_staged_or_on_the_device(devi
     for cuda_aware in ("false", "true"):
         worker, _ = make_worker(tmp_path / cuda_aware, "comm.hybrid=sfb", "sync.model=bsp",
                                 f"runtime.cuda_aware_mpi={cuda_aware}")
-        factors, buffers = worker.factors, worker.buffers
+        factors, buffers = worker.wire.factors, worker.wire.buffers
         assert factors.bsp and factors.layers
         if buffers.staged:  # the pulled weights, as the first pull leaves them in the host mirror
             buffers.params[...] = device.asnumpy(worker.model.space.data)
@@ -276,7 +276,7 @@ def test_bsp_with_factors_steps_the_layers_the_same_staged_or_on_the_device(devi
         for a in factors.layers:
             factors.stacked.V[a.name][...] = rng.normal(size=factors.stacked.V[a.name].shape)
             factors.stacked.U[a.name][...] = rng.normal(size=factors.stacked.U[a.name].shape)
-        header = worker.dense.pull_header
+        header = worker.wire.dense.pull_header
         header[len(PULL_FIELDS):] = 1  # both workers are members of the round
         before = device.asnumpy(worker.model.space.data)
         factors.step(header, 0)

@@ -115,7 +115,7 @@ def _worker_with_weights(ctx, job, run_dir):
     from ebsp_mpi.runtime.launch import make_role
 
     worker = make_role(ctx, job, Path(run_dir), plan=None)
-    MPI.Request.Waitall(worker.dense.start_first_pull().requests)
+    MPI.Request.Waitall(worker.wire.dense.start_first_pull().requests)
     return worker
 
 

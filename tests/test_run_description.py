@@ -70,7 +70,7 @@ def test_a_worker_with_on_demand_layers_reads_no_plan_file_and_checks_it_once(tm
     ctx = Context(comm=RecordingComm(), rank=1, size=3, local_rank=1, factor_comm=RecordingComm(),
                   fetch_comm=RecordingComm())
     worker = make_role(ctx, job, tmp_path, plan=resolved)
-    assert worker.ondemand is not None and worker.peak is not None
+    assert worker.wire.ondemand is not None and worker.peak is not None
     assert plan_reads == [str(plan), "check"]
 
 
@@ -84,8 +84,8 @@ def test_a_role_takes_its_layout_from_the_run_description(tmp_path):
     ctx = Context(comm=RecordingComm(), rank=1, size=3, local_rank=1, factor_comm=RecordingComm(),
                   fetch_comm=RecordingComm())
     worker = make_role(ctx, job, tmp_path, plan=None)
-    assert worker.layout is worker.description.layout
-    assert len(worker.layout.chunks) > 1  # runtime.chunk_bytes = 1024 cuts the push in pieces
+    assert worker.wire.dense.chunks is worker.description.layout.chunks  # the wire is made from it
+    assert len(worker.description.layout.chunks) > 1  # runtime.chunk_bytes = 1024 cuts the push in pieces
 
 
 def test_a_checkpoint_records_the_plan_digest_the_run_read(tmp_path):

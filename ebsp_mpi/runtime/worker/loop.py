@@ -1,20 +1,21 @@
 """Ranks k..N-1 (k = ``runtime.servers``): a worker pulls weights, computes a gradient on its shard of
 the data, pushes it, and repeats.
 
-What travels, and how, is the wire's (strategies chosen once, from the run's layout):
+What travels, and how, is the wire's (``runtime.worker.wiring``: strategies chosen once, from the run's
+layout):
 
-- the dense wire (``runtime.wire_dense``, PS): gradient chunks to the servers that own them, the
+- the dense wire (``runtime.worker.wire_dense``, PS): gradient chunks to the servers that own them, the
   header to every server, the weights back;
-- the sufficient factors of HybComm's SFB layers (``runtime.wire_factors``), when ``comm.hybrid``
+- the sufficient factors of HybComm's SFB layers (``runtime.worker.wire_factors``), when ``comm.hybrid``
   chooses any;
-- OSDP's on-demand layers (``runtime.worker_osdp``), fetched just before they compute, when the plan
+- OSDP's on-demand layers (``runtime.worker.osdp``), fetched just before they compute, when the plan
   (``osdp.plan``) has any;
 - with ``runtime.wait_free_backprop`` (Poseidon's WFBP) each gradient chunk, and each layer's factors,
   go out the moment the backward pass has made them final, while the earlier layers still compute;
   without it, after the backward pass.
 
 The header, sent last to every server, completes the push (after any injected straggler delay). With
-an OSDP plan the worker measures its peak memory (``runtime.peak``) and reports it with its median
+an OSDP plan the worker measures its peak memory (``runtime.worker.peak``) and reports it with its median
 iteration time. Nothing it holds grows with the run's length: the iteration times behind the medians
 are the last :data:`~ebsp_mpi.runtime.worker.peak.KEEP` in a fixed array.
 
@@ -39,14 +40,13 @@ from ..rank.faults import fault_for
 from ..rank.trace_file import open_rank_trace
 from ..transport.context import Context
 from ..transport.deadlines import Silence
-from ..transport.hybrid import ByteCounter
 from ..transport.keepalive import PARTING
 from ..transport.polling import wait_all
 from ..transport.protocol import ALIVE_TAG, PULL, STATS_TAG
-from .osdp import OnDemandLayers, measured
+from .osdp import measured
 from .peak import IterationTimes, PeakMemory
-from .wire_dense import DenseWire, FiniteCheck, Requests, WireBuffers
-from .wire_factors import FactorWire
+from .wire_dense import Requests
+from .wiring import joined, make_wiring
 
 log = logging.getLogger(__name__)
 
@@ -84,10 +84,8 @@ class Worker:
         self.stream = description.batch_stream(self.index)
         self.stream.seek(start_iteration)  # batches and jitter follow from the iteration: nothing else to restore
         self.straggler = straggler_model(job.straggler, ctx.workers, job.seed)
-        self.buffers = WireBuffers.of(self.model.space, self.backend, job.runtime.cuda_aware_mpi)
-        self.layout = description.layout
-        self.bytes, self.finite = ByteCounter(), FiniteCheck()
-        self._make_wire()
+        self.wire = make_wiring(ctx, description, self.model, self.backend, self.index, self.run_dir,
+                                start_iteration)
         self.times = IterationTimes()  # each iteration's start, and the fetches' wait by then: the medians
         # the server's keep-alive while it holds our pull or we wait for the end (comm.ALIVE, or PARTING last)
         self.alive_buf = np.zeros(1)
@@ -102,36 +100,6 @@ class Worker:
         self.fault = fault_for(ctx.rank, ctx.size)  # EBSP_INJECT_FAULT, to test the failure paths
         self.flush_requests, self.flushed = 0, 0.0  # replies that asked us to flush; 1.0: tell the next push
 
-    def _make_wire(self) -> None:
-        """The wire's strategies (see the module docstring), and how the gradient is computed."""
-        ctx, job, layout, model = self.ctx, self.job, self.layout, self.model
-        names = {a.name for a in layout.sfb}
-        sfb_chunk = np.array([t in names for t in layout.chunk_tensor], dtype=bool)
-        self.dense = DenseWire(ctx, layout, self.buffers, self.bytes, self.finite, sfb_chunk)
-        self.factors = None
-        if layout.sfb:
-            velocity = None
-            if layout.sfb_bsp and self.start_iteration > 0:  # resumed: the SFB layers step on from here
-                from ...checkpoint import read_checkpoint
-
-                velocity = read_checkpoint(self.run_dir).velocity
-            self.factors = FactorWire(ctx, self.description, layout, self.index, self.buffers, self.bytes,
-                                      self.finite, velocity)
-        self.wires = [self.dense] + ([self.factors] if self.factors else [])
-        # everything a push sends: completed before the gradient and the factors are written again
-        self.outgoing = _joined([wire.outgoing for wire in self.wires])
-        self.ondemand = None
-        wait_free = job.runtime.wait_free_backprop
-        self.grad_hooks = {"on_grad_ready": self.dense.push_ready if wait_free else None,
-                           "block_elems": layout.chunk_bytes // self.buffers.grad.itemsize}
-        if layout.schedule is not None:  # OSDP: the on-demand layers' buffer and messages
-            self.ondemand = OnDemandLayers(ctx, layout, model, self.buffers, self.finite, self.bytes,
-                                           job.data.batch_size)
-        elif self.factors:
-            self.grad_hooks.update(self.factors.hooks(wait_free))
-        # what computes the gradient (its ``loss_and_grad``): the model, or its on-demand layers' step
-        self.gradient = self.ondemand if self.ondemand is not None else model
-
     def run(self) -> dict:
         with self._bounded():
             return self._run()
@@ -140,17 +108,17 @@ class Worker:
         backoff = self.ctx.backoff()
         self.keepalive.Start()
         server = Silence(self.job.runtime.stall_timeout_s, "the server (rank 0)", self.keepalive, (0,))
-        if self.ondemand is not None:
-            self.ondemand.fetcher.wait = partial(self._wait_naming, backoff=backoff, silence=server)
+        if self.wire.ondemand is not None:
+            self.wire.ondemand.fetcher.wait = partial(self._wait_naming, backoff=backoff, silence=server)
         if self.peak is not None:
             self.peak.training(self._held_arrays())
         self.totals, self.iteration, self.version, self.row = _Totals(), self.start_iteration, None, None
-        pull = self.dense.start_first_pull()  # the initial weights, every tensor
+        pull = self.wire.dense.start_first_pull()  # the initial weights, every tensor
         self.t_push = self.ctx.now()
         while True:
             self._wait_naming(pull.requests, pull.ranks, backoff, server)
-            if self.dense.pull_header[PULL.redo]:  # a BSP round was redone: its corrected weights follow
-                again = self.dense.post_redo()
+            if self.wire.dense.pull_header[PULL.redo]:  # a BSP round was redone: its corrected weights follow
+                again = self.wire.dense.post_redo()
                 self._wait_naming(again.requests, again.ranks, backoff, server)
             t_start = self.ctx.now()
             if self._take_reply(pull.first, t_start):
@@ -159,10 +127,10 @@ class Worker:
                 self.fault.fire(f"iteration {self.iteration}")
             # the previous push was delivered before its reply came: complete it before the gradient
             # buffer is written again (and the factors' sends before the factors are)
-            self._wait_naming(self.outgoing.requests, self.outgoing.ranks, backoff, server)
+            self._wait_naming(self.wire.outgoing.requests, self.wire.outgoing.ranks, backoff, server)
             loss, compute_s, delay = self._compute(t_start)
             pull = self._push(t_start, loss, compute_s, delay)
-        self._wait_naming(self.outgoing.requests, self.outgoing.ranks, backoff, server)
+        self._wait_naming(self.wire.outgoing.requests, self.wire.outgoing.ranks, backoff, server)
         stats = self._finish(backoff)
         self._await_parting(backoff)
         return stats
@@ -182,16 +150,16 @@ class Worker:
     def _take_reply(self, first: bool, t_start: float) -> bool:
         """Take in the reply just received: count it, end the previous iteration's trace row, and with
         the weights on the device; True when it is the stop reply."""
-        for wire in self.wires:
+        for wire in self.wire.wires:
             wire.count_pull(first)
-        self.times.start(t_start, self.ondemand.fetcher.waited_s if self.ondemand is not None else 0.0)
+        self.times.start(t_start, self.wire.ondemand.fetcher.waited_s if self.wire.ondemand is not None else 0.0)
         self.totals.wait += t_start - self.t_push
-        header = self.dense.pull_header
+        header = self.wire.dense.pull_header
         used, self.version, stop = self.version, int(header[PULL.version]), bool(header[PULL.stop])
-        if self.ondemand is not None:  # its fetches name the version: a server answers once it has closed it
-            self.ondemand.fetcher.version = self.version
-        if self.factors is not None and used is not None and not stop:
-            self.factors.step(header, used)
+        if self.wire.ondemand is not None:  # its fetches name the version: a server answers once it has closed it
+            self.wire.ondemand.fetcher.version = self.version
+        if self.wire.factors is not None and used is not None and not stop:
+            self.wire.factors.step(header, used)
         with self._untraced():  # the trace is no part of what a plan predicts
             if self.row is not None:  # the previous iteration ends when its pull completes (a full buffer flushes)
                 self.trace.append("iterations", **self.row, t_end=t_start, wait_s=t_start - self.t_push)
@@ -201,16 +169,16 @@ class Worker:
                     self.fault.fire("the second request to flush the trace")
                 self.trace.flush()
                 self.flushed = 1.0
-        if self.buffers.staged and not stop:
-            self.backend.copy_to_device(self.model.space.data, self.buffers.params)
+        if self.wire.buffers.staged and not stop:
+            self.backend.copy_to_device(self.model.space.data, self.wire.buffers.params)
         return stop
 
     def _compute(self, t_start: float) -> tuple[float, float, float]:
         """The next gradient, and the straggler model's delay after it: ``(loss, compute seconds,
         injected delay seconds)``."""
-        for wire in self.wires:
+        for wire in self.wire.wires:
             wire.begin_push()
-        self.finite.reset()
+        self.wire.finite.reset()
         c0 = time.perf_counter()
         loss = self.compute_gradient()
         compute_s = time.perf_counter() - c0
@@ -225,13 +193,13 @@ class Worker:
         """Send what the backward pass did not, post the next pull's receives, then the header that
         completes the push; returns the pull's requests."""
         t_compute_end = self.ctx.now()
-        for wire in self.wires:
+        for wire in self.wire.wires:
             wire.push_rest()
-        pull = _joined([wire.post_pull() for wire in self.wires])
+        pull = joined([wire.post_pull() for wire in self.wire.wires])
         wait_s, self.t_push = t_start - self.t_push, self.ctx.now()
         epoch = self.stream.epochs_done
-        self.dense.send_header(iteration=self.iteration, version=self.version, loss=loss, injected_delay_s=delay,
-                               epoch=epoch, compute_s=compute_s, wait_s=wait_s, finite=float(self.finite.ok),
+        self.wire.dense.send_header(iteration=self.iteration, version=self.version, loss=loss, injected_delay_s=delay,
+                               epoch=epoch, compute_s=compute_s, wait_s=wait_s, finite=float(self.wire.finite.ok),
                                flushed=self.flushed)
         self.flushed = 0.0
         # the iteration's trace row, less its end (t_end, wait_s): known when the next pull completes
@@ -245,17 +213,17 @@ class Worker:
     def _finish(self, backoff) -> dict:
         """Close the trace and send the statistics to the server; returns them."""
         with self._untraced():
-            self.trace.set_attrs(bytes=self.bytes.as_dict())
+            self.trace.set_attrs(bytes=self.wire.bytes.as_dict())
             self.trace.close()
         if self.fault is not None and self.fault.due("end"):
             self.fault.fire("the end")
         totals = self.totals
         stats = {"iterations": self.iteration, "wait_seconds": totals.wait, "compute_seconds": totals.compute,
                  "injected_delay_seconds": totals.delay, "backend": self.backend.describe(),
-                 "bytes": self.bytes.as_dict()}
+                 "bytes": self.wire.bytes.as_dict()}
         if self.peak is not None:  # OSDP: what the plan predicted, measured
             peak_bytes = self.peak.stop()  # before the medians, whose first call imports NumPy code
-            stats["osdp"] = measured(peak_bytes, self.peak.live_peak, self.times, self.ondemand, self.iteration)
+            stats["osdp"] = measured(peak_bytes, self.peak.live_peak, self.times, self.wire.ondemand, self.iteration)
         wait_all([self.ctx.comm.isend(stats, dest=0, tag=STATS_TAG)], backoff)  # for the server's summary
         return stats
 
@@ -269,9 +237,9 @@ class Worker:
         return self.peak.excluded() if self.peak is not None else _NOTHING
 
     def _held_arrays(self) -> list:
-        """The arrays this worker keeps for the whole run, for the peak memory (``runtime.peak``)."""
+        """The arrays this worker keeps for the whole run, for the peak memory (``runtime.worker.peak``)."""
         space = self.model.space
-        return [space.data, space.grad] + (self.ondemand.held_arrays() if self.ondemand is not None else [])
+        return [space.data, space.grad] + (self.wire.ondemand.held_arrays() if self.wire.ondemand is not None else [])
 
     def compute_gradient(self) -> float:
         """The next minibatch's loss; its gradient is left in ``model.space.grad``, on the device (and
@@ -281,7 +249,7 @@ class Worker:
         """
         idx = self.stream.next_indices()
         x, y = self.backend.asarray(self.ds.x_train[idx]), self.backend.asarray(self.ds.y_train[idx])
-        loss = self.gradient.loss_and_grad(x, y, **self.grad_hooks)
+        loss = self.wire.gradient.loss_and_grad(x, y, **self.wire.grad_hooks)
         self.backend.synchronize()
         return loss
 
@@ -307,11 +275,3 @@ def _missing(sources: list[int], arrived: set[int]) -> list[int]:
 
 #: the context of a block in a run without a measured peak (a nullcontext can be entered again)
 _NOTHING = contextlib.nullcontext()
-
-
-def _joined(parts: list[Requests]) -> Requests:
-    """The requests of `parts` as one list, to complete together."""
-    if len(parts) == 1:  # the dense wire alone, as in most runs: its own, made once
-        return parts[0]
-    return Requests([r for p in parts for r in p.requests], [s for p in parts for s in p.ranks],
-                    first=any(p.first for p in parts))
