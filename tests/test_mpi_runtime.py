@@ -78,7 +78,7 @@ def _started_server(ctx, job, run_dir):
     from ebsp_mpi.runtime.launch import make_role
 
     server = make_role(ctx, job, Path(run_dir), show_progress=False)
-    server._carry_out(server.coordinator.start(0.0), 0.0)
+    server._start_workers(0.0)
     return server
 
 
