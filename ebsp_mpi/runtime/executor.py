@@ -21,25 +21,9 @@ from collections import deque
 import numpy as np
 from mpi4py import MPI
 
+from .host import Host
 from .orders import ApplyOrder, EndOrder, Order, RejectOrder, ReplyOrder, RoundOrder, SnapshotOrder
 from .protocol import SNAP_TAG, ProtocolError
-
-
-class Host:
-    """What a server rank adds to the orders it carries out; ranks 1..k-1 add nothing (this class)."""
-
-    def reply_header(self, order: ReplyOrder, redo: bool) -> np.ndarray | None:
-        """The reply's header (rank 0 sends it); `redo`: a BSP round's weights went twice."""
-        return None
-
-    def replied(self, order: ReplyOrder) -> None:
-        """The reply is on its way."""
-
-    def rejected(self, order: RejectOrder) -> None:
-        """The push is taken in, never applied."""
-
-    def round_closed(self, order: RoundOrder) -> None:
-        """The round is applied; its replies follow."""
 
 
 def _nothing() -> None:

@@ -34,22 +34,23 @@ from ..checkpoint import Checkpoint
 from ..errors import UsageError
 from ..sync.coordinator import Coordinator
 from ..sync.registry import make_policy
-from .comm import (HOUSEKEEPING_S, Context, KeepAlive, StallError, open_rank_trace, stop_signals,
+from .comm import (HOUSEKEEPING_S, Context, StallError, open_rank_trace, stop_signals,
                    terminate_requested)
-from .executor import Host, OrderExecutor
+from .executor import OrderExecutor
 from .faults import fault_for
 from .fetch import FetchServer
 from .layout import make_layout, worker_limits
-from .orders import OrderList, RejectOrder, ReplyOrder, RoundOrder
+from .host import SchedulerHost
+from .orders import OrderList, RoundOrder
 from .peers import PeerServers
-from .protocol import ALIVE_TAG, PULL_FIELDS, PUSH, STATS_TAG, ProtocolError, pack
+from .protocol import ALIVE_TAG, PUSH, STATS_TAG, ProtocolError
 from .recorder import Recorder
 from .shard import ShardStore
 
 log = logging.getLogger(__name__)
 
 
-class Server(Host):
+class Server:
     """Serve one training run; :meth:`run` returns the summary (also written to ``summary.json``)."""
 
     def __init__(self, ctx: Context, description, run_dir, show_progress: bool = True,
@@ -65,8 +66,6 @@ class Server(Host):
         self.store = ShardStore(ctx, job, self.params, self.layout, 0, self.policy.round_based,
                                 resume.version if resume is not None else 0)
         self.opt = self.store.opt
-        self.executor = OrderExecutor(self.store, host=self, on_idle=self._while_waiting)
-        self.t_event = 0.0  # the run time of the event whose orders are being carried out
         self.peers = PeerServers(ctx, self.layout, job.runtime.stall_timeout_s)
         # OSDP: the workers fetch their on-demand layers from the servers that hold them
         self.fetches = FetchServer(ctx, self.layout, self.params, self.store.bytes) if self.layout.schedule else None
@@ -74,20 +73,16 @@ class Server(Host):
         self.whole = self.params if ctx.servers == 1 else np.empty_like(self.params)
         self.whole_velocity = self.opt.velocity if ctx.servers == 1 else np.empty_like(self.opt.velocity)
         self.limits = worker_limits(description.limits, self.layout)
-        self.sfb_bsp = self.layout.sfb_bsp
         self.coordinator = Coordinator(self.policy, self.limits, job.stop.seconds)
-        self.reply_len = len(PULL_FIELDS) + (n if self.sfb_bsp else 0)  # BSP with SFB: the round's members
-        self.round_mask = np.zeros(n)
         self._log_layout()
-        self.pull_requested = np.zeros(n)  # when each worker's pending pull arrived (its push time)
-        self.last_heard = np.zeros(n)
-        self.alive = KeepAlive(ctx.comm, job.runtime.stall_timeout_s)  # to the workers whose pulls are held
         self.stats: list[dict | None] = [None] * n  # what each worker reports once it has stopped
-        self.flush_asked = np.zeros(n, dtype=bool)  # a checkpoint was written: flush your trace
         self.unflushed = np.zeros(n, dtype=bool)  # whose trace may lack rows the pending checkpoint counts
         self.trace = open_rank_trace(ctx, job, run_dir, role="server", backend="numpy", device="cpu",
                                      append=resume is not None)
         self.trace.set_attrs(**self.layout.as_attrs())
+        # rank 0's part of each order: reply headers, the pull trace, the workers' watch times
+        self.host = SchedulerHost(ctx, self.trace, self.layout.sfb_bsp, job.runtime.stall_timeout_s)
+        self.executor = OrderExecutor(self.store, host=self.host, on_idle=self._while_waiting)
         self.fault = fault_for(0, ctx.size)  # EBSP_INJECT_FAULT, to test the failure paths
         if resume is not None:
             self._restore(resume)
@@ -112,10 +107,7 @@ class Server(Host):
                         "(docs/osdp.md)")
         self.trace.set_attrs(clock_offset_s=0.0)
         t = self.ctx.now()
-        self.last_heard[:] = t
-        for w in range(self.n):
-            self.alive.told(self.ctx.worker_rank(w), t)
-        self.pull_requested[:] = t
+        self.host.start(t)
         self.peers.start(t)
         self.recorder.record.start(t)  # a resumed run's clock goes on from its checkpoint
         self._start_workers(t)
@@ -123,7 +115,7 @@ class Server(Host):
         while not self.coordinator.finished or self.store.replies:
             progressed = self._serve_pushes()
             if self.fetches is not None:
-                progressed |= self.fetches.take(self.last_heard, self.ctx.now())
+                progressed |= self.fetches.take(self.host.last_heard, self.ctx.now())
             now = self.ctx.now()
             self.peers.flush(now)
             progressed |= self.store.complete_replies()
@@ -148,7 +140,7 @@ class Server(Host):
     def _serve_pushes(self) -> bool:
         """Take the parts of pushes that have come and act on the pushes they complete; True when any
         part came (``shard.Arrivals``)."""
-        arrived = self.store.take_parts(self.last_heard, self.ctx.now())
+        arrived = self.store.take_parts(self.host.last_heard, self.ctx.now())
         # a push's time is read after the test that found it complete: read before, it could precede the
         # worker's own time of sending by as long as the tests took (0.45 ms seen across nodes)
         now = self.ctx.now()
@@ -167,7 +159,7 @@ class Server(Host):
         rejected = self.store.rejected(w, iteration) or \
             (self.ctx.servers == 1 and not self.store.corrected_step_finite(w))
         self.recorder.pushed(w, head)
-        self.pull_requested[w] = t
+        self.host.pull_requested[w] = t
         self.trace.append("pushes", worker=w, iteration=iteration, t=t, version_before=version_before,
                           staleness=version_before - version_used, rejected=rejected)
         if not rejected:
@@ -189,41 +181,13 @@ class Server(Host):
             self.trace.append(record.table, **record.row)
         for order in decided.orders:
             self.peers.order(order)
-        self.t_event = t
+        self.host.t_event = t
         self.executor.take(decided.orders)
         self.executor.carry_out()
         if self.executor.queue:
             raise ProtocolError(f"rank 0 could not carry out its own order {self.executor.queue[0]}")
         if any(type(order) is RoundOrder for order in decided.orders) and self._checkpoint_due(t):
             self._checkpoint(t)
-
-    # -- rank 0's part of an order (executor.Host) ----------------------------------------------
-
-    def rejected(self, order: RejectOrder) -> None:
-        log.warning("rejected push %d of rank %d: NaN or Inf in the gradient or its step", order.iteration,
-                    self.ctx.worker_rank(order.worker))
-
-    def round_closed(self, order: RoundOrder) -> None:
-        self.round_mask[:] = 0.0
-        self.round_mask[list(order.members)] = 1.0  # the workers rebuild the SFB layers' mean from these
-
-    def reply_header(self, order: ReplyOrder, redo: bool) -> np.ndarray:
-        """The reply's header: the version, stop, whether to flush the trace, whether the round's weights
-        came twice, and under BSP with SFB the last round's members."""
-        w = order.worker
-        head = np.zeros(self.reply_len)
-        pack(head[:len(PULL_FIELDS)], PULL_FIELDS, version=order.version, stop=1.0 if order.stop else 0.0,
-             flush=float(self.flush_asked[w]), redo=float(redo))
-        if self.sfb_bsp:
-            head[len(PULL_FIELDS):] = self.round_mask
-        self.flush_asked[w] = False
-        return head
-
-    def replied(self, order: ReplyOrder) -> None:
-        w, t = order.worker, self.t_event
-        self.last_heard[w] = t
-        self.alive.told(self.ctx.worker_rank(w), t)
-        self.trace.append("pulls", worker=w, t_request=self.pull_requested[w], t_reply=t, version=order.version)
 
     def _whole_model(self, velocity: bool = False) -> np.ndarray:
         """The parameters as of now (with `velocity`, the optimizer state too, in ``whole_velocity``):
@@ -260,11 +224,11 @@ class Server(Host):
     def _watchdog(self, now: float) -> None:
         """Name a worker that owes us a message and has been silent longer than the stall timeout."""
         timeout = self.job.runtime.stall_timeout_s
-        waiting_on, coordinator = self.store.replying_to(), self.coordinator
+        waiting_on, coordinator, last_heard = self.store.replying_to(), self.coordinator, self.host.last_heard
         for w in range(self.n):
             owes = w in waiting_on or coordinator.owes_push(w)
-            if owes and now - self.last_heard[w] > timeout:
-                raise StallError(f"worker rank {self.ctx.worker_rank(w)} silent for {now - self.last_heard[w]:.1f} s "
+            if owes and now - last_heard[w] > timeout:
+                raise StallError(f"worker rank {self.ctx.worker_rank(w)} silent for {now - last_heard[w]:.1f} s "
                                  f"(runtime.stall_timeout_s = {timeout}); it may have died or hung",
                                  [self.ctx.worker_rank(w)])
 
@@ -275,7 +239,7 @@ class Server(Host):
         worker that stopped more than the stall timeout before the last one named the server, alive)
         (``protocol.ALIVE_TAG``)."""
         owes = self.coordinator.owes_push
-        self.alive.tick(now, [self.ctx.worker_rank(w) for w in range(self.n) if not owes(w)])
+        self.host.alive.tick(now, [self.ctx.worker_rank(w) for w in range(self.n) if not owes(w)])
 
     def _take_other_messages(self) -> bool:
         """Take the statistics of workers that have stopped, and the other servers' keep-alives and
@@ -335,7 +299,7 @@ class Server(Host):
         a checkpoint counts."""
         params, velocity = whole if whole is not None else (self._whole_model(velocity=True), self.whole_velocity)
         self.recorder.checkpoint(t, params, velocity, self.coordinator, self.policy)
-        self.flush_asked[:] = True  # the workers flush theirs at their next reply
+        self.host.flush_asked[:] = True  # the workers flush theirs at their next reply
         self.unflushed[:] = [s is None for s in self.stats]
         self._flushed(None)
 
@@ -397,8 +361,8 @@ class Server(Host):
         if self.fetches is not None:  # every worker has had its stop reply: no fetch is coming
             self.fetches.close()
         stats = self._collect_stats()
-        self.alive.part([self.ctx.worker_rank(w) for w in range(self.n)])
-        self.alive.wait(self.ctx.backoff())
+        self.host.alive.part([self.ctx.worker_rank(w) for w in range(self.n)])
+        self.host.alive.wait(self.ctx.backoff())
         self.peers.wait_sends(self.ctx.backoff())
         summary = self.recorder.summary(
             wall, self.coordinator, self.policy, stats, hybrid=self.layout.hybrid_plan,
