@@ -144,7 +144,8 @@ class Server:
         # a push's time is read after the test that found it complete: read before, it could precede the
         # worker's own time of sending by as long as the tests took (0.45 ms seen across nodes)
         now = self.ctx.now()
-        self.executor.arrived(arrived.complete)
+        if arrived.complete:
+            self.executor.arrived(arrived.complete)
         for w in arrived.complete:
             self._on_push(w, now)
         streamed = self.executor.stream(self.ctx.backoff())

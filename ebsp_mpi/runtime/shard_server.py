@@ -75,7 +75,8 @@ class ShardServer:
         executor = self.executor
         while not executor.ended:
             arrived = self.store.take_parts()  # the workers are not watched here: rank 0 watches them
-            executor.arrived(arrived.complete)
+            if arrived.complete:
+                executor.arrived(arrived.complete)
             progressed = arrived.parts > 0
             progressed |= executor.stream(backoff)
             if self._take_orders():
