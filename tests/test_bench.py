@@ -298,13 +298,14 @@ def test_the_server_work_of_the_raw_reference_is_the_servers_bsp_step():
 
 def test_server_core_timers_put_back_the_methods_they_time():
     from ebsp_mpi.bench.ps import server_core_timers
+    from ebsp_mpi.runtime.executor import OrderExecutor
     from ebsp_mpi.runtime.server import Server
 
-    before = (Server._serve_pushes, Server._apply_round)
+    before = (Server._serve_pushes, OrderExecutor._round)
     with pytest.raises(RuntimeError), server_core_timers():
-        assert (Server._serve_pushes, Server._apply_round) != before
+        assert (Server._serve_pushes, OrderExecutor._round) != before
         raise RuntimeError("a failed run")
-    assert (Server._serve_pushes, Server._apply_round) == before
+    assert (Server._serve_pushes, OrderExecutor._round) == before
 
 
 @pytest.mark.slow

@@ -239,28 +239,3 @@ def test_a_wait_looks_at_its_deadline_at_most_every_few_milliseconds(monkeypatch
     clock[0] = 4.1  # still, past the timeout the next look raises
     with pytest.raises(StallError):
         silence.check()
-
-
-def test_orders_round_trip_through_their_encoding():
-    from ebsp_mpi.runtime.transport.protocol import (ApplyOrder, EndOrder, ReplyOrder, RoundOrder, SnapshotOrder,
-                                           decode_orders, encode_orders)
-
-    orders = [ApplyOrder(3, 2**40), RoundOrder((0, 2, 5), 17), RoundOrder((), 18), ReplyOrder(1, True),
-              ReplyOrder(4, False), SnapshotOrder(True), EndOrder()]
-    values = encode_orders(orders)
-    assert values.dtype == np.float64 and values.size == 3 * (len(orders) + 3)  # a round's members: a row each
-    assert decode_orders(values) == orders
-
-
-@pytest.mark.parametrize("rows, message", [
-    ([(9, 0, 0)], "unknown order"),
-    ([(2, 2, 7), (3, 0, 0)], "round of 2 members"),
-    ([(2, 1, 7), (4, 0, 0)], "round of 1 members"),
-])
-def test_a_malformed_order_message_is_a_protocol_error(rows, message):
-    from ebsp_mpi.runtime.transport.protocol import ProtocolError, decode_orders
-
-    with pytest.raises(ProtocolError, match=message):
-        decode_orders(np.array(rows, dtype=np.float64).reshape(-1))
-    with pytest.raises(ProtocolError, match="not rows of 3"):
-        decode_orders(np.zeros(4))

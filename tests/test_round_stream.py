@@ -10,6 +10,8 @@ import pytest
 
 from ebsp_mpi.nn.average import round_mean
 from ebsp_mpi.nn.optim import SGD
+from ebsp_mpi.nn.shard_update import ShardUpdate
+from ebsp_mpi.nn.staleness import StalenessRule
 from ebsp_mpi.outputs import read_model
 from ebsp_mpi.runtime.round_stream import RoundStream
 from ebsp_mpi.runtime.transport.protocol import CHUNK_TAG0, Chunk, ProtocolError
@@ -35,9 +37,10 @@ def _store(n=3, momentum=0.9):
     rng = np.random.default_rng(0)
     params = rng.normal(size=12).astype(np.float32)
     comm = _Comm()
+    update = ShardUpdate(params, SGD(12, momentum=momentum), lambda v: 0.1, StalenessRule(), round_based=True)
     store = SimpleNamespace(
-        n=n, pushed_chunks=CHUNKS, params=params, opt=SGD(12, momentum=momentum), mean_buf=np.empty(12, np.float32),
-        grads=[rng.normal(size=12).astype(np.float32) for _ in range(n)], lr_at=lambda v: 0.1, sfb=[], factors=None,
+        n=n, pushed_chunks=CHUNKS, params=params, opt=update.opt, update=update,
+        grads=[rng.normal(size=12).astype(np.float32) for _ in range(n)], sfb=[], factors=None,
         fetched=set(), ctx=SimpleNamespace(comm=comm, worker_rank=lambda w: w + 1), counted=[],
     )
     store.count_sent = lambda c, k: store.counted.append((c.tag, k))

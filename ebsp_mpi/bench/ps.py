@@ -222,17 +222,18 @@ def _timed_worker_class():
 def server_core_timers():
     """Time what the server's core does in each BSP round, around two of its methods: taking push
     messages (the ``Server._serve_pushes`` calls that complete some: MPI's copy of the chunks, which
-    the receiving process does) and applying the round
-    (``Server._apply_round``: the chunked step and the sends of the streamed reply).
+    the receiving process does) and carrying out the round's order
+    (``OrderExecutor._round``: the chunked step and the sends of the streamed reply).
 
     Yields the list that gets one ``(receive seconds, step + reply seconds, start of the step)``
     per round.
     """
+    from ..runtime.executor import OrderExecutor
     from ..runtime.server import Server
 
     rounds: list[tuple[float, float, float]] = []
     state = {"receive": 0.0, "serve_t0": None, "resume_t": None}
-    serve, apply = Server._serve_pushes, Server._apply_round
+    serve, apply = Server._serve_pushes, OrderExecutor._round
 
     def timed_serve(self):
         state["serve_t0"], state["resume_t"] = time.perf_counter(), None
@@ -244,17 +245,20 @@ def server_core_timers():
 
     def timed_apply(self, *args):
         t = time.perf_counter()
-        apply(self, *args)
+        closed = apply(self, *args)
         done = time.perf_counter()
+        if not closed:  # a server of one shard waits for a push still to come (rank 0 never does)
+            return closed
         # a round applied while taking a push counts that call's time up to here as receiving
         rounds.append((state["receive"] + t - (state["serve_t0"] or t), done - t, t))
         state["receive"], state["resume_t"] = 0.0, done
+        return closed
 
-    Server._serve_pushes, Server._apply_round = timed_serve, timed_apply
+    Server._serve_pushes, OrderExecutor._round = timed_serve, timed_apply
     try:
         yield rounds
     finally:
-        Server._serve_pushes, Server._apply_round = serve, apply
+        Server._serve_pushes, OrderExecutor._round = serve, apply
 
 
 def runtime_round_trips(ctx, job, warmup: int) -> tuple[list[list[float]], dict | None, dict | None]:
