@@ -298,8 +298,8 @@ def test_the_server_work_of_the_raw_reference_is_the_servers_bsp_step():
 
 def test_server_core_timers_put_back_the_methods_they_time():
     from ebsp_mpi.bench.ps import server_core_timers
-    from ebsp_mpi.runtime.executor import OrderExecutor
-    from ebsp_mpi.runtime.server import Server
+    from ebsp_mpi.runtime.servers.executor import OrderExecutor
+    from ebsp_mpi.runtime.servers.server import Server
 
     before = (Server._serve_pushes, OrderExecutor._round)
     with pytest.raises(RuntimeError), server_core_timers():

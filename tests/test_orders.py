@@ -1,12 +1,12 @@
-"""The orders (``runtime.orders``) and their executor (``runtime.executor``), without MPI: what rank 0
+"""The orders (``runtime.servers.orders``) and their executor (``runtime.servers.executor``), without MPI: what rank 0
 decides becomes one order list, which every server rank carries out through the same code."""
 
 import numpy as np
 import pytest
 
 from ebsp_mpi.config import SyncConfig
-from ebsp_mpi.runtime.executor import OrderExecutor
-from ebsp_mpi.runtime.orders import (ApplyOrder, EndOrder, OrderList, RejectOrder, ReplyOrder, RoundOrder,
+from ebsp_mpi.runtime.servers.executor import OrderExecutor
+from ebsp_mpi.runtime.servers.orders import (ApplyOrder, EndOrder, OrderList, RejectOrder, ReplyOrder, RoundOrder,
                                      SnapshotOrder, decode_orders, encode_orders)
 from ebsp_mpi.runtime.transport.protocol import ProtocolError
 from ebsp_mpi.sync.coordinator import Coordinator

@@ -133,7 +133,7 @@ def _server_with(inbox, left, paced=()):
 
 
 def test_the_server_takes_the_statistics_of_stopped_workers():
-    from ebsp_mpi.runtime.server import Server
+    from ebsp_mpi.runtime.servers.server import Server
 
     server = _server_with(_Inbox((2, STATS_TAG, {"iterations": 7}), (1, STATS_TAG, {"iterations": 8})), {0, 1})
     assert Server._take_other_messages(server) is True
@@ -147,7 +147,7 @@ def test_the_server_takes_the_statistics_of_stopped_workers():
                                               (STATS_TAG, {0}, {"iterations": 1})],  # twice
                          ids=["early", "stray", "twice"])
 def test_the_server_rejects_any_other_unmatched_message(tag, left, taken):
-    from ebsp_mpi.runtime.server import Server
+    from ebsp_mpi.runtime.servers.server import Server
 
     server = _server_with(_Inbox((1, tag, {})), left)
     server.stats[0] = taken
@@ -158,7 +158,7 @@ def test_the_server_rejects_any_other_unmatched_message(tag, left, taken):
 def test_a_chunk_whose_receive_is_posted_in_its_turn_is_no_error_nor_hides_statistics():
     """A streamed BSP round posts its chunks' receives in turn (``ShardStore.expect_push``): such a
     chunk waits unmatched, and a worker's statistics behind it are still taken."""
-    from ebsp_mpi.runtime.server import Server
+    from ebsp_mpi.runtime.servers.server import Server
 
     chunk = (2, CHUNK_TAG0 + 3)
     server = _server_with(_Inbox((*chunk, None), (1, STATS_TAG, {"iterations": 8})), {0}, {chunk})
@@ -173,7 +173,7 @@ def test_a_chunk_whose_receive_is_posted_in_its_turn_is_no_error_nor_hides_stati
 def test_replies_in_flight_are_told_apart_by_identity():
     """Two replies to one worker can be in flight at once; telling finished ones from the rest must not
     compare their buffers (a field-wise == raised "truth value of an array is ambiguous")."""
-    from ebsp_mpi.runtime.shard import PendingReply
+    from ebsp_mpi.runtime.servers.shard import PendingReply
 
     first = PendingReply(1, [], np.zeros(4, np.float32), np.zeros(2))
     second = PendingReply(1, [], np.ones(4, np.float32), np.zeros(2))

@@ -4,7 +4,7 @@ bytes, and the server's update against a NumPy in-place axpy.
 ``mpiexec -n N python -m ebsp_mpi bench ps``. For each parameter count P (default 1e4 ... 1e7 float32)
 and each number k of workers at once (default 1 ... N-1; the other ranks sleep in a barrier):
 
-- **round trip** through the real runtime: ``runtime.server.Server`` and ``runtime.worker.Worker`` on
+- **round trip** through the real runtime: ``runtime.servers.server.Server`` and ``runtime.worker.Worker`` on
   ranks 0..k, a job whose model (an MLP on synthetic data, one hidden layer) has about P parameters,
   and workers whose :meth:`~ebsp_mpi.runtime.worker.loop.Worker.compute_gradient` returns at once, so that
   an iteration is the push (chunks + header, persistent requests), the server's work (arrival with
@@ -92,7 +92,7 @@ def chunks_of(job, ctx) -> tuple[int, list]:
 # -- raw MPI ------------------------------------------------------------------------------------------
 
 class ServerWork:
-    """The server's work on a BSP round, done the way ``runtime.server.Server`` does it, for the raw
+    """The server's work on a BSP round, done the way ``runtime.servers.server.Server`` does it, for the raw
     MPI exchange: per chunk the mean of the workers' gradients (summed in worker order) and the job's
     optimizer step (momentum SGD). The NaN/Inf check is the workers' (:func:`_raw_worker`)."""
 
@@ -120,7 +120,7 @@ def raw_round_trips(comm, size: int, chunks: list, iterations: int, work: Server
     A server keeps the next push's receives posted before it answers (as the runtime's do), so every
     message meets a posted receive. With `work` (one server), rank 0 also does the server's work
     between the push and the reply: it updates the parameters chunk by chunk and sends each chunk as
-    soon as it is updated, as a BSP round does at its close (``runtime.round_stream``), and each
+    soon as it is updated, as a BSP round does at its close (``runtime.servers.round_stream``), and each
     worker checks its gradient for NaN and Inf before it sends, as ``DenseWire.push_rest`` does.
     Returns each iteration's seconds on a worker, nothing on a server.
 
@@ -228,8 +228,8 @@ def server_core_timers():
     Yields the list that gets one ``(receive seconds, step + reply seconds, start of the step)``
     per round.
     """
-    from ..runtime.executor import OrderExecutor
-    from ..runtime.server import Server
+    from ..runtime.servers.executor import OrderExecutor
+    from ..runtime.servers.server import Server
 
     rounds: list[tuple[float, float, float]] = []
     state = {"receive": 0.0, "serve_t0": None, "resume_t": None}

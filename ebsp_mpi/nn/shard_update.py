@@ -1,7 +1,7 @@
 """The update of one shard of the weights: what a push or a BSP round does to them, without messages.
 
 Every server rank applies its shard's pushes and rounds through a :class:`ShardUpdate`
-(``runtime.shard``, which adds the messages), and so does the emulated trainer (``sim.training``), on
+(``runtime.servers.shard``, which adds the messages), and so does the emulated trainer (``sim.training``), on
 the whole model as one shard: so ``simulate --train`` and a live run step the weights with the same
 code. An asynchronous push, in order:
 

@@ -188,11 +188,11 @@ def make_role(ctx, job: JobConfig, run_dir: Path, ckpt: Checkpoint | None = None
     description = describe(job, ctx.workers, plan, identity)
     description = dataclasses.replace(description, layout=make_layout(ctx, description))
     if ctx.rank == 0:
-        from .server import Server
+        from .servers.server import Server
 
         return Server(ctx, description, run_dir, show_progress=show_progress, resume=ckpt)
     if ctx.is_server:
-        from .shard_server import ShardServer
+        from .servers.shard_server import ShardServer
 
         return ShardServer(ctx, description, run_dir, resume=ckpt)
     from .worker.loop import Worker

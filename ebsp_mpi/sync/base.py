@@ -1,7 +1,7 @@
 """The interface every synchronization model implements.
 
 A policy is pure logic over events: it never sees MPI, arrays or a clock of its own. The parameter
-server (``ebsp_mpi.runtime.server``) drives it; the unit tests drive it with scripted event sequences;
+server (``ebsp_mpi.runtime.servers.server``) drives it; the unit tests drive it with scripted event sequences;
 a simulator can drive it with thousands of virtual workers.
 
 Protocol, in the server's order of calls:

@@ -18,7 +18,7 @@ in order:
 
 The drivers carry the actions out and decide nothing: the MPI servers take them as one list of
 typed orders that every server rank, rank 0 included, carries out through the same executor
-(``runtime/orders.py``, ``runtime/executor.py``); the event simulator (:mod:`ebsp_mpi.sim.events`),
+(``runtime/servers/orders.py``, ``runtime/servers/executor.py``); the event simulator (:mod:`ebsp_mpi.sim.events`),
 which makes millions of pushes, is an :class:`Executor` whose methods the coordinator calls in the
 same order, with no record made (:meth:`Coordinator.push_to`); so is the server's order list. The
 single-process reference trainer does not use it: it is the oracle the MPI runs are checked against.

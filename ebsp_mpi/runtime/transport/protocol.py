@@ -16,7 +16,7 @@ A worker's iteration, as messages (docs/design.md, "Parameters on the wire"):
 - **orders** (rank 0 -> servers 1..k-1, ``ORDER_TAG``): with ``runtime.servers = k > 1`` rank 0 alone
   runs the sync policy, and tells the other servers, in one ordered stream, what to do with their
   shards: apply or reject a push, apply a round, answer a pull, send a snapshot (the order records of
-  ``runtime.orders``, which rank 0 carries out too). Each server carries the orders out in their
+  ``runtime.servers.orders``, which rank 0 carries out too). Each server carries the orders out in their
   order, so every shard applies the same pushes in the same order as rank 0's, and a pulled or
   evaluated model is exactly the one rank 0 decided on. A snapshot goes back to rank 0 on
   ``SNAP_TAG``; servers and rank 0 exchange keep-alives (``ALIVE_TAG``) while idle.
@@ -83,7 +83,7 @@ PUSH_FIELDS = ("iteration", "version", "loss", "injected_delay_s", "epoch", "com
 #: the worker should flush its trace (the server has written a checkpoint, which it commits once every
 #: worker's trace holds what the checkpoint counts: what a resumed run keeps of the traces is what was
 #: flushed before it), and 1 when a BSP round was redone: the weights came twice, the second time
-#: corrected, and the worker takes them again (``runtime.round_stream``)
+#: corrected, and the worker takes them again (``runtime.servers.round_stream``)
 PULL_FIELDS = ("version", "stop", "flush", "redo")
 
 

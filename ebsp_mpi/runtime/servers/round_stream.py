@@ -30,9 +30,9 @@ from typing import NamedTuple
 import numpy as np
 from mpi4py import MPI
 
-from ..nn.factors import rebuild_gradient
-from .transport.polling import wait_all
-from .transport.protocol import CHUNK_TAG0, ProtocolError
+from ...nn.factors import rebuild_gradient
+from ..transport.polling import wait_all
+from ..transport.protocol import CHUNK_TAG0, ProtocolError
 
 
 class ClosedRound(NamedTuple):

@@ -4,9 +4,9 @@ With ``runtime.servers = k`` the ``ParamSpace``'s chunks are dealt to the k serv
 shards (``protocol.plan_shards``); with one server its shard is the whole model. A :class:`ShardStore`
 is the shard's transport around its update: the update itself (optimizer state, staleness rule,
 DC-ASGD, version bookkeeping, a round's mean) is the pure ``nn.shard_update``, which the emulated
-trainer uses too; the receives of every worker's next push are ``runtime.push_receives``; the store
+trainer uses too; the receives of every worker's next push are ``runtime.servers.push_receives``; the store
 keeps the pull replies in flight, the snapshots they send from and the byte counts. It applies a push
-or a BSP round and answers a pull when an order says (``runtime.executor``, on every server rank). It
+or a BSP round and answers a pull when an order says (``runtime.servers.executor``, on every server rank). It
 never decides anything itself.
 
 Buffers are allocated at the model's full size and indexed by the flat offsets, so every rank uses
@@ -21,16 +21,16 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from .. import build
-from ..nn.factors import rebuild_gradient
-from ..nn.shard_update import ShardUpdate
-from ..nn.staleness import StalenessRule
-from ..nn.versions import VersionStore
+from ... import build
+from ...nn.factors import rebuild_gradient
+from ...nn.shard_update import ShardUpdate
+from ...nn.staleness import StalenessRule
+from ...nn.versions import VersionStore
 from .push_receives import Arrivals, PushReceives
 from .round_stream import ClosedRound, RoundStream
-from .transport.failures import JobFailure
-from .transport.hybrid import PS, ByteCounter, Stacked
-from .transport.protocol import CHUNK_TAG0, PULL_TAG, PUSH, Shard
+from ..transport.failures import JobFailure
+from ..transport.hybrid import PS, ByteCounter, Stacked
+from ..transport.protocol import CHUNK_TAG0, PULL_TAG, PUSH, Shard
 
 
 #: a streamed BSP round: the bytes of each worker's push whose receives are posted ahead, in chunks
@@ -68,7 +68,7 @@ class ShardStore:
     server : int
         This server's rank.
     round_based : bool
-        The sync policy applies rounds (BSP), streamed chunk by chunk (``runtime.round_stream``).
+        The sync policy applies rounds (BSP), streamed chunk by chunk (``runtime.servers.round_stream``).
     version : int
         The model version the run goes on from (0, or a checkpoint's): a round's learning rate.
     """
@@ -184,7 +184,7 @@ class ShardStore:
 
     @property
     def redone_rounds(self) -> int:
-        """BSP rounds redone, their weights sent twice (``runtime.round_stream``)."""
+        """BSP rounds redone, their weights sent twice (``runtime.servers.round_stream``)."""
         return self.stream.redone if self.stream is not None else 0
 
     def stream_ready(self, backoff, on_idle) -> bool:

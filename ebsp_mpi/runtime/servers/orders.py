@@ -3,7 +3,7 @@
 Rank 0 runs the coordinator (``sync.coordinator``); what it decides on an event becomes one list of
 orders (:class:`OrderList`, an executor of the coordinator's that makes records instead of acting).
 Rank 0 carries the list out on its own shard and sends it, in the same order, to ranks 1..k-1
-(``ORDER_TAG``), which carry it out on theirs through the same code (``runtime.executor``): Horovod's
+(``ORDER_TAG``), which carry it out on theirs through the same code (``runtime.servers.executor``): Horovod's
 response list, which every rank, the coordinator's included, executes. A rejected push is an order
 too, so no server works a decision out again from a push header.
 
@@ -18,9 +18,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..sync.base import Record
-from ..sync.coordinator import Coordinator, Executor
-from .transport.protocol import ProtocolError
+from ...sync.base import Record
+from ...sync.coordinator import Coordinator, Executor
+from ..transport.protocol import ProtocolError
 
 #: an order message is rows of ORDER_WIDTH float64 (code, a, b, c): every integer exact below 2**53
 ORDER_WIDTH = 4

@@ -1,4 +1,4 @@
-"""What a server rank adds to the orders it carries out (``runtime.executor``).
+"""What a server rank adds to the orders it carries out (``runtime.servers.executor``).
 
 Ranks 1..k-1 add nothing (:class:`Host`). Rank 0, the scheduler, adds what only it sends or keeps
 (:class:`SchedulerHost`): a reply's header (the version, stop, flush, redo, and under BSP with SFB
@@ -12,9 +12,9 @@ import logging
 
 import numpy as np
 
-from .transport.keepalive import KeepAlive
+from ..transport.keepalive import KeepAlive
 from .orders import RejectOrder, ReplyOrder, RoundOrder
-from .transport.protocol import PULL_FIELDS, pack
+from ..transport.protocol import PULL_FIELDS, pack
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 A server keeps, per worker, a gradient buffer and a header with a persistent receive posted for every
 part of the worker's next push that comes to it (its gradient chunks, the factors of its SFB layers,
 the header), and takes what has arrived with one ``Testsome``. A streamed BSP round
-(``runtime.round_stream``) is told of each chunk and header as it comes, and paces the receives of
+(``runtime.servers.round_stream``) is told of each chunk and header as it comes, and paces the receives of
 the chunks (:meth:`PushReceives.expect_push`). The header completes a push; it says whether every
 value the worker sent was finite, so every server rejects the same pushes.
 """
@@ -15,8 +15,8 @@ from typing import NamedTuple
 import numpy as np
 from mpi4py import MPI
 
-from .transport.hybrid import PS, SFB
-from .transport.protocol import CHUNK_TAG0, PUSH, PUSH_FIELDS, PUSH_TAG, ProtocolError, header
+from ..transport.hybrid import PS, SFB
+from ..transport.protocol import CHUNK_TAG0, PUSH, PUSH_FIELDS, PUSH_TAG, ProtocolError, header
 
 #: PushReceives.part_kind of a push's parts that are no chunk: an SFB layer's factors, the header
 SFB_PART, HEADER_PART = -1, -2

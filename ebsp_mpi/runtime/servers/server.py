@@ -7,15 +7,15 @@ do and carries the actions out: apply the push, close a BSP round, answer pulls,
 decides nothing itself. Replies go out from buffers that never change while a send of them is in
 flight (docs/design.md, "Parameters on the wire"): snapshots of the parameters, or under BSP the
 parameters themselves, which only a completed round changes, after every reply still sending from
-them has completed (``runtime.shard``).
+them has completed (``runtime.servers.shard``).
 
-The coordinator's decisions on an event come as one list of typed orders (``runtime.orders``), which
+The coordinator's decisions on an event come as one list of typed orders (``runtime.servers.orders``), which
 rank 0 carries out on its shard through the order executor every server rank shares
-(``runtime.executor``) and, with k servers, sends to the others, which carry them out on theirs: every
+(``runtime.servers.executor``) and, with k servers, sends to the others, which carry them out on theirs: every
 shard applies the same pushes in the same order and every reply, evaluation and checkpoint holds
 exactly the pushes rank 0 decided on (docs/design.md, "Sharded servers"; the release rule holds with
 equality). What only rank 0 adds to an order (a reply's header, the trace) is its part as the
-executor's :class:`~ebsp_mpi.runtime.executor.Host`.
+executor's :class:`~ebsp_mpi.runtime.servers.executor.Host`.
 
 The message loop polls (``Testsome``) instead of blocking, so that between messages it can evaluate the
 model one slice at a time, watch for stalled ranks, flush the trace and report progress. What it
@@ -30,25 +30,25 @@ import logging
 import numpy as np
 from mpi4py import MPI
 
-from ..checkpoint import Checkpoint
-from ..errors import UsageError
-from ..sync.coordinator import Coordinator
-from ..sync.registry import make_policy
+from ...checkpoint import Checkpoint
+from ...errors import UsageError
+from ...sync.coordinator import Coordinator
+from ...sync.registry import make_policy
 from .executor import OrderExecutor
 from .host import SchedulerHost
 from .orders import OrderList, RoundOrder
-from .rank.faults import fault_for
-from .rank.signals import stop_signals, terminate_requested
-from .rank.trace_file import open_rank_trace
-from .servers.peers import PeerServers
-from .servers.recorder import Recorder
+from ..rank.faults import fault_for
+from ..rank.signals import stop_signals, terminate_requested
+from ..rank.trace_file import open_rank_trace
+from .peers import PeerServers
+from .recorder import Recorder
 from .shard import ShardStore
-from .transport.context import Context
-from .transport.failures import StallError
-from .transport.fetch import FetchServer
-from .transport.keepalive import HOUSEKEEPING_S
-from .transport.layout import worker_limits
-from .transport.protocol import ALIVE_TAG, PUSH, STATS_TAG, ProtocolError
+from ..transport.context import Context
+from ..transport.failures import StallError
+from ..transport.fetch import FetchServer
+from ..transport.keepalive import HOUSEKEEPING_S
+from ..transport.layout import worker_limits
+from ..transport.protocol import ALIVE_TAG, PUSH, STATS_TAG, ProtocolError
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The order executor: how every server rank, rank 0 included, carries out the coordinator's orders.
 
-Rank 0 decides (``sync.coordinator``) and turns each decision into orders (``runtime.orders``); every
+Rank 0 decides (``sync.coordinator``) and turns each decision into orders (``runtime.servers.orders``); every
 server rank, rank 0 too, carries them out on its shard here, in their order, through the same code:
 take a push in (applied or rejected), close a BSP round and send its replies, answer a pull, send
 the shard to rank 0, end. An order that needs a push not yet whole here waits at the head of the
@@ -23,7 +23,7 @@ from mpi4py import MPI
 
 from .host import Host
 from .orders import ApplyOrder, EndOrder, Order, RejectOrder, ReplyOrder, RoundOrder, SnapshotOrder
-from .transport.protocol import SNAP_TAG, ProtocolError
+from ..transport.protocol import SNAP_TAG, ProtocolError
 
 
 def _nothing() -> None:
@@ -31,7 +31,7 @@ def _nothing() -> None:
 
 
 class OrderExecutor:
-    """Carries out orders on one server's shard (``runtime.shard.ShardStore``), in order.
+    """Carries out orders on one server's shard (``runtime.servers.shard.ShardStore``), in order.
 
     Parameters
     ----------
@@ -76,7 +76,7 @@ class OrderExecutor:
 
     def stream(self, backoff) -> bool:
         """BSP with ``runtime.stream_rounds``: apply and send the chunks every worker of the open round
-        has pushed (``runtime.round_stream``); True when any was. The round's close is its order's."""
+        has pushed (``runtime.servers.round_stream``); True when any was. The round's close is its order's."""
         return self.store.stream is not None and self.store.stream_ready(backoff, self.on_idle)
 
     # -- one order --------------------------------------------------------------------------------

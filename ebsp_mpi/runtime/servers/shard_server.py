@@ -1,8 +1,8 @@
 """Ranks 1..k-1 with ``runtime.servers = k``: a server of one shard, carrying out rank 0's orders.
 
 It keeps a receive posted for every part of every worker's next push that comes to it (its chunks,
-the factors of its SFB layers, the header), takes in rank 0's orders (``runtime.orders``) and carries
-them out through the order executor every server rank shares (``runtime.executor``), rank 0 on its
+the factors of its SFB layers, the header), takes in rank 0's orders (``runtime.servers.orders``) and carries
+them out through the order executor every server rank shares (``runtime.servers.executor``), rank 0 on its
 own shard included. It answers the workers' OSDP fetches of its part of their on-demand layers at
 once (``runtime.fetch``).
 
@@ -17,18 +17,18 @@ import logging
 import numpy as np
 from mpi4py import MPI
 
-from ..sync.registry import round_based as model_round_based
+from ...sync.registry import round_based as model_round_based
 from .executor import OrderExecutor
 from .orders import ORDER_WIDTH, decode_orders
-from .rank.faults import fault_for
-from .rank.trace_file import open_rank_trace
+from ..rank.faults import fault_for
+from ..rank.trace_file import open_rank_trace
 from .shard import ShardStore
-from .transport.context import Context
-from .transport.deadlines import Silence
-from .transport.fetch import FetchServer
-from .transport.keepalive import HOUSEKEEPING_S, KeepAlive
-from .transport.polling import wait_all
-from .transport.protocol import ALIVE_TAG, ORDER_TAG, STATS_TAG
+from ..transport.context import Context
+from ..transport.deadlines import Silence
+from ..transport.fetch import FetchServer
+from ..transport.keepalive import HOUSEKEEPING_S, KeepAlive
+from ..transport.polling import wait_all
+from ..transport.protocol import ALIVE_TAG, ORDER_TAG, STATS_TAG
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class ShardServer:
         self.fetches = (FetchServer(ctx, self.layout, self.params, self.store.bytes, self.store.stream)
                         if self.layout.schedule else None)
         if resume is not None:  # this shard of the checkpoint's parameters and optimizer state
-            from ..checkpoint import read_checkpoint
+            from ...checkpoint import read_checkpoint
 
             ckpt = read_checkpoint(run_dir)
             lo, hi = self.store.lo, self.store.hi
