@@ -22,6 +22,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .host import Host
+from .probe import NO_PROBE
 from .orders import ApplyOrder, EndOrder, Order, RejectOrder, ReplyOrder, RoundOrder, SnapshotOrder
 from ..transport.protocol import SNAP_TAG, ProtocolError
 
@@ -45,10 +46,13 @@ class OrderExecutor:
         ``EBSP_INJECT_FAULT`` on a server of one shard: due at its `taken`-th push taken in.
     taken : int
         The pushes taken in before this process (a resumed run's).
+    probe : ServerProbe, optional
+        Told when a BSP round's order begins and ends (a benchmark's; ``runtime.servers.probe``).
     """
 
-    def __init__(self, store, host: Host | None = None, on_idle=_nothing, fault=None, taken: int = 0):
-        self.store, self.host, self.on_idle = store, host or Host(), on_idle
+    def __init__(self, store, host: Host | None = None, on_idle=_nothing, fault=None, taken: int = 0,
+                 probe=NO_PROBE):
+        self.store, self.host, self.on_idle, self.probe = store, host or Host(), on_idle, probe
         self.fault, self.taken = fault, taken
         n = store.n
         self.outstanding = np.zeros(n, dtype=bool)  # a push of the worker's is expected, not yet taken
@@ -97,7 +101,10 @@ class OrderExecutor:
         elif kind is ReplyOrder:
             return self._reply(order)
         elif kind is RoundOrder:
-            return self._round(order)
+            self.probe.round_begins()
+            closed = self._round(order)
+            self.probe.round_ends(closed)
+            return closed
         elif kind is SnapshotOrder:
             self._send_snapshot(order.with_velocity)
         elif kind is EndOrder:

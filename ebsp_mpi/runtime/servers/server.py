@@ -37,6 +37,7 @@ from ...sync.registry import make_policy
 from .executor import OrderExecutor
 from .host import SchedulerHost
 from .orders import OrderList, RoundOrder
+from .probe import NO_PROBE, ServerProbe
 from ..rank.faults import fault_for
 from ..rank.signals import stop_signals, terminate_requested
 from ..rank.trace_file import open_rank_trace
@@ -57,7 +58,7 @@ class Server:
     """Serve one training run; :meth:`run` returns the summary (also written to ``summary.json``)."""
 
     def __init__(self, ctx: Context, description, run_dir, show_progress: bool = True,
-                 resume: Checkpoint | None = None):
+                 resume: Checkpoint | None = None, probe: ServerProbe = NO_PROBE):
         job = description.job
         self.ctx, self.job, self.run_dir, self.description = ctx, job, run_dir, description
         n = self.n = ctx.workers
@@ -86,7 +87,8 @@ class Server:
         self.trace.set_attrs(**self.layout.as_attrs())
         # rank 0's part of each order: reply headers, the pull trace, the workers' watch times
         self.host = SchedulerHost(ctx, self.trace, self.layout.sfb_bsp, job.runtime.stall_timeout_s)
-        self.executor = OrderExecutor(self.store, host=self.host, on_idle=self._while_waiting)
+        self.probe = probe  # a benchmark's watch on the loop and the rounds (runtime.servers.probe)
+        self.executor = OrderExecutor(self.store, host=self.host, on_idle=self._while_waiting, probe=probe)
         self.fault = fault_for(0, ctx.size)  # EBSP_INJECT_FAULT, to test the failure paths
         if resume is not None:
             self._restore(resume)
@@ -117,7 +119,9 @@ class Server:
         self._start_workers(t)
         next_housekeeping = 0.0
         while not self.coordinator.finished or self.store.replies:
+            self.probe.serving()
             progressed = self._serve_pushes()
+            self.probe.served(progressed)
             if self.fetches is not None:
                 progressed |= self.fetches.take(self.host.last_heard, self.ctx.now())
             now = self.ctx.now()
