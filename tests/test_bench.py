@@ -296,15 +296,25 @@ def test_the_server_work_of_the_raw_reference_is_the_servers_bsp_step():
     np.testing.assert_array_equal(params, expected)
 
 
-def test_server_core_timers_put_back_the_methods_they_time():
-    from ebsp_mpi.bench.ps import server_core_timers
-    from ebsp_mpi.runtime.server import Server
+def test_the_core_timers_split_a_round_into_receiving_and_the_step(monkeypatch):
+    """bench ps watches rank 0 through a ServerProbe (no method of the server replaced): a round closed
+    inside a poll counts the poll's time before it as receiving, and the next poll's receiving starts
+    when the round ended."""
+    from ebsp_mpi.bench import ps
 
-    before = (Server._serve_pushes, Server._apply_round)
-    with pytest.raises(RuntimeError), server_core_timers():
-        assert (Server._serve_pushes, Server._apply_round) != before
-        raise RuntimeError("a failed run")
-    assert (Server._serve_pushes, Server._apply_round) == before
+    clock = iter([1.0, 1.5, 1.75, 2.0, 2.25, 3.0])
+    monkeypatch.setattr(ps.time, "perf_counter", lambda: next(clock))
+    timers = ps.core_timers()
+    timers.serving()  # 1.0
+    timers.round_begins()  # 1.5: 0.5 s of receiving before the round
+    timers.round_ends(True)  # 1.75: the step and the reply sends took 0.25 s
+    timers.served(True)  # 2.0: 0.25 s more of receiving after the round, for the next one
+    timers.serving()  # 2.25
+    timers.served(False)  # a poll that found nothing adds nothing
+    timers.round_begins()  # 3.0
+    timers.round_ends(False)  # a round still waiting for a push is not one
+    assert timers.rounds == [(0.5, 0.25, 1.5)]
+    assert timers.receive == pytest.approx(0.25)
 
 
 @pytest.mark.slow

@@ -78,7 +78,7 @@ def _started_server(ctx, job, run_dir):
     from ebsp_mpi.runtime.launch import make_role
 
     server = make_role(ctx, job, Path(run_dir), show_progress=False, plan=None)
-    server._carry_out(server.coordinator.start(0.0), 0.0)
+    server._start_workers(0.0)
     return server
 
 
@@ -98,7 +98,7 @@ def _close(server) -> None:
     """Leave no receive posted and no reply sending behind."""
     from mpi4py import MPI
 
-    for r in server.store.recvs:
+    for r in server.store.receives.recvs:
         if r.Test() is False:
             r.Cancel()
             r.Wait()
@@ -135,7 +135,8 @@ def test_a_poll_that_takes_part_of_a_push_reports_progress(ctx):
         first = server.layout.chunks[0]
         ctx.comm.bcast((first.tag, first.size), root=0)
         progressed = _poll_until(server, lambda progressed: progressed)
-        verdict = (progressed, sum(server.coordinator.pushes), int(server.store.missing[0]), server.store.parts)
+        receives = server.store.receives
+        verdict = (progressed, sum(server.coordinator.pushes), int(receives.missing[0]), receives.parts)
         _close(server)
     else:
         _worker_with_weights(ctx, job, run_dir)

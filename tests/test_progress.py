@@ -12,7 +12,7 @@ import pytest
 
 from ebsp_mpi.outputs import describe_run
 from ebsp_mpi.progress import Progress
-from ebsp_mpi.runtime.server import stop_text
+from ebsp_mpi.runtime.servers.server import stop_text
 from mpirun import child_env, train_cmd
 
 RATE = re.compile(r"^(\d+)/\d+ (?:it|pushes)\b.*?\s([\d.]+) s\s+([\d.]+) (?:it|pushes)/s")

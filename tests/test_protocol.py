@@ -133,7 +133,7 @@ def _server_with(inbox, left, paced=()):
 
 
 def test_the_server_takes_the_statistics_of_stopped_workers():
-    from ebsp_mpi.runtime.server import Server
+    from ebsp_mpi.runtime.servers.server import Server
 
     server = _server_with(_Inbox((2, STATS_TAG, {"iterations": 7}), (1, STATS_TAG, {"iterations": 8})), {0, 1})
     assert Server._take_other_messages(server) is True
@@ -147,7 +147,7 @@ def test_the_server_takes_the_statistics_of_stopped_workers():
                                               (STATS_TAG, {0}, {"iterations": 1})],  # twice
                          ids=["early", "stray", "twice"])
 def test_the_server_rejects_any_other_unmatched_message(tag, left, taken):
-    from ebsp_mpi.runtime.server import Server
+    from ebsp_mpi.runtime.servers.server import Server
 
     server = _server_with(_Inbox((1, tag, {})), left)
     server.stats[0] = taken
@@ -158,7 +158,7 @@ def test_the_server_rejects_any_other_unmatched_message(tag, left, taken):
 def test_a_chunk_whose_receive_is_posted_in_its_turn_is_no_error_nor_hides_statistics():
     """A streamed BSP round posts its chunks' receives in turn (``ShardStore.expect_push``): such a
     chunk waits unmatched, and a worker's statistics behind it are still taken."""
-    from ebsp_mpi.runtime.server import Server
+    from ebsp_mpi.runtime.servers.server import Server
 
     chunk = (2, CHUNK_TAG0 + 3)
     server = _server_with(_Inbox((*chunk, None), (1, STATS_TAG, {"iterations": 8})), {0}, {chunk})
@@ -173,7 +173,7 @@ def test_a_chunk_whose_receive_is_posted_in_its_turn_is_no_error_nor_hides_stati
 def test_replies_in_flight_are_told_apart_by_identity():
     """Two replies to one worker can be in flight at once; telling finished ones from the rest must not
     compare their buffers (a field-wise == raised "truth value of an array is ambiguous")."""
-    from ebsp_mpi.runtime.shard import PendingReply
+    from ebsp_mpi.runtime.servers.shard import PendingReply
 
     first = PendingReply(1, [], np.zeros(4, np.float32), np.zeros(2))
     second = PendingReply(1, [], np.ones(4, np.float32), np.zeros(2))
@@ -239,28 +239,3 @@ def test_a_wait_looks_at_its_deadline_at_most_every_few_milliseconds(monkeypatch
     clock[0] = 4.1  # still, past the timeout the next look raises
     with pytest.raises(StallError):
         silence.check()
-
-
-def test_orders_round_trip_through_their_encoding():
-    from ebsp_mpi.runtime.transport.protocol import (ApplyOrder, EndOrder, ReplyOrder, RoundOrder, SnapshotOrder,
-                                           decode_orders, encode_orders)
-
-    orders = [ApplyOrder(3, 2**40), RoundOrder((0, 2, 5), 17), RoundOrder((), 18), ReplyOrder(1, True),
-              ReplyOrder(4, False), SnapshotOrder(True), EndOrder()]
-    values = encode_orders(orders)
-    assert values.dtype == np.float64 and values.size == 3 * (len(orders) + 3)  # a round's members: a row each
-    assert decode_orders(values) == orders
-
-
-@pytest.mark.parametrize("rows, message", [
-    ([(9, 0, 0)], "unknown order"),
-    ([(2, 2, 7), (3, 0, 0)], "round of 2 members"),
-    ([(2, 1, 7), (4, 0, 0)], "round of 1 members"),
-])
-def test_a_malformed_order_message_is_a_protocol_error(rows, message):
-    from ebsp_mpi.runtime.transport.protocol import ProtocolError, decode_orders
-
-    with pytest.raises(ProtocolError, match=message):
-        decode_orders(np.array(rows, dtype=np.float64).reshape(-1))
-    with pytest.raises(ProtocolError, match="not rows of 3"):
-        decode_orders(np.zeros(4))

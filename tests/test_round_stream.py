@@ -1,4 +1,4 @@
-"""BSP rounds streamed chunk by chunk (``runtime.round_stream``): the bookkeeping on a stand-in shard
+"""BSP rounds streamed chunk by chunk (``runtime.servers.round_stream``): the bookkeeping on a stand-in shard
 whose sends are recorded, and end to end, a round redone after a rejected push."""
 
 import json
@@ -10,8 +10,10 @@ import pytest
 
 from ebsp_mpi.nn.average import round_mean
 from ebsp_mpi.nn.optim import SGD
+from ebsp_mpi.nn.shard_update import ShardUpdate
+from ebsp_mpi.nn.staleness import StalenessRule
 from ebsp_mpi.outputs import read_model
-from ebsp_mpi.runtime.round_stream import RoundStream
+from ebsp_mpi.runtime.servers.round_stream import RoundStream
 from ebsp_mpi.runtime.transport.protocol import CHUNK_TAG0, Chunk, ProtocolError
 from ebsp_mpi.trace import read_run
 from datafiles import write_poisoned
@@ -35,9 +37,10 @@ def _store(n=3, momentum=0.9):
     rng = np.random.default_rng(0)
     params = rng.normal(size=12).astype(np.float32)
     comm = _Comm()
+    update = ShardUpdate(params, SGD(12, momentum=momentum), lambda v: 0.1, StalenessRule(), round_based=True)
     store = SimpleNamespace(
-        n=n, pushed_chunks=CHUNKS, params=params, opt=SGD(12, momentum=momentum), mean_buf=np.empty(12, np.float32),
-        grads=[rng.normal(size=12).astype(np.float32) for _ in range(n)], lr_at=lambda v: 0.1, sfb=[], factors=None,
+        n=n, pushed_chunks=CHUNKS, params=params, opt=update.opt, update=update,
+        grads=[rng.normal(size=12).astype(np.float32) for _ in range(n)], sfb=[], factors=None,
         fetched=set(), ctx=SimpleNamespace(comm=comm, worker_rank=lambda w: w + 1), counted=[],
     )
     store.count_sent = lambda c, k: store.counted.append((c.tag, k))
@@ -100,7 +103,7 @@ def test_a_chunk_goes_out_once_every_worker_of_the_round_has_pushed_it():
 def test_a_push_rejected_after_its_chunk_was_applied_redoes_the_round(monkeypatch):
     store, comm = _store()
     before = store.params.copy()
-    monkeypatch.setattr("ebsp_mpi.runtime.round_stream.wait_all", lambda requests, backoff, on_idle=None: None)
+    monkeypatch.setattr("ebsp_mpi.runtime.servers.round_stream.wait_all", lambda requests, backoff, on_idle=None: None)
     stream = _opened(store, version=5)
     _round(stream, store, [(w, j) for j in range(3) for w in range(3)], [(0, True), (1, False), (2, True)])
     assert stream.redo and len(comm.sent) == 9  # every chunk streamed with worker 1's gradient in it

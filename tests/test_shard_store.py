@@ -1,4 +1,4 @@
-"""The pull-reply snapshots of ``runtime.shard.ShardStore``, without a job of several ranks.
+"""The pull-reply snapshots of ``runtime.servers.shard.ShardStore``, without a job of several ranks.
 
 MPI forbids writing a buffer while a send of it is in flight, and a snapshot on the free list is one
 the store will write again. The store here sends through a fake communicator whose sends are MPI
@@ -66,7 +66,7 @@ def store():
     from ebsp_mpi.run_description import describe
     from ebsp_mpi.runtime.transport.context import Context
     from ebsp_mpi.runtime.transport.layout import make_layout
-    from ebsp_mpi.runtime.shard import ShardStore
+    from ebsp_mpi.runtime.servers.shard import ShardStore
 
     job = load_job(None, ["sync.model=asp", "trace.enabled=false", "runtime.chunk_bytes=1024"])
     ctx = Context(comm=FakeComm(), rank=0, size=3, local_rank=0)

@@ -4,7 +4,7 @@ bytes, and the server's update against a NumPy in-place axpy.
 ``mpiexec -n N python -m ebsp_mpi bench ps``. For each parameter count P (default 1e4 ... 1e7 float32)
 and each number k of workers at once (default 1 ... N-1; the other ranks sleep in a barrier):
 
-- **round trip** through the real runtime: ``runtime.server.Server`` and ``runtime.worker.Worker`` on
+- **round trip** through the real runtime: ``runtime.servers.server.Server`` and ``runtime.worker.Worker`` on
   ranks 0..k, a job whose model (an MLP on synthetic data, one hidden layer) has about P parameters,
   and workers whose :meth:`~ebsp_mpi.runtime.worker.loop.Worker.compute_gradient` returns at once, so that
   an iteration is the push (chunks + header, persistent requests), the server's work (arrival with
@@ -33,7 +33,6 @@ and each number k of workers at once (default 1 ... N-1; the other ranks sleep i
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import logging
 import time
@@ -92,7 +91,7 @@ def chunks_of(job, ctx) -> tuple[int, list]:
 # -- raw MPI ------------------------------------------------------------------------------------------
 
 class ServerWork:
-    """The server's work on a BSP round, done the way ``runtime.server.Server`` does it, for the raw
+    """The server's work on a BSP round, done the way ``runtime.servers.server.Server`` does it, for the raw
     MPI exchange: per chunk the mean of the workers' gradients (summed in worker order) and the job's
     optimizer step (momentum SGD). The NaN/Inf check is the workers' (:func:`_raw_worker`)."""
 
@@ -120,7 +119,7 @@ def raw_round_trips(comm, size: int, chunks: list, iterations: int, work: Server
     A server keeps the next push's receives posted before it answers (as the runtime's do), so every
     message meets a posted receive. With `work` (one server), rank 0 also does the server's work
     between the push and the reply: it updates the parameters chunk by chunk and sends each chunk as
-    soon as it is updated, as a BSP round does at its close (``runtime.round_stream``), and each
+    soon as it is updated, as a BSP round does at its close (``runtime.servers.round_stream``), and each
     worker checks its gradient for NaN and Inf before it sends, as ``DenseWire.push_rest`` does.
     Returns each iteration's seconds on a worker, nothing on a server.
 
@@ -218,43 +217,38 @@ def _timed_worker_class():
     return TimedWorker
 
 
-@contextlib.contextmanager
-def server_core_timers():
-    """Time what the server's core does in each BSP round, around two of its methods: taking push
-    messages (the ``Server._serve_pushes`` calls that complete some: MPI's copy of the chunks, which
-    the receiving process does) and applying the round
-    (``Server._apply_round``: the chunked step and the sends of the streamed reply).
+def core_timers():
+    """A ``ServerProbe`` that times what the server's core does in each BSP round: taking push messages
+    (the polls that find some: MPI's copy of the chunks, which the receiving process does) and carrying
+    out the round's order (the chunked step and the sends of the streamed reply). Its ``rounds`` gets
+    one ``(receive seconds, step + reply seconds, start of the step)`` per round."""
+    from ..runtime.servers.probe import ServerProbe
 
-    Yields the list that gets one ``(receive seconds, step + reply seconds, start of the step)``
-    per round.
-    """
-    from ..runtime.server import Server
+    class CoreTimers(ServerProbe):
+        def __init__(self):
+            self.rounds: list[tuple[float, float, float]] = []
+            self.receive, self.serve_t0, self.resume_t, self.round_t0 = 0.0, None, None, 0.0
 
-    rounds: list[tuple[float, float, float]] = []
-    state = {"receive": 0.0, "serve_t0": None, "resume_t": None}
-    serve, apply = Server._serve_pushes, Server._apply_round
+        def serving(self) -> None:
+            self.serve_t0, self.resume_t = time.perf_counter(), None
 
-    def timed_serve(self):
-        state["serve_t0"], state["resume_t"] = time.perf_counter(), None
-        found = serve(self)
-        if found:  # the part of this call outside a round it applied
-            state["receive"] += time.perf_counter() - (state["resume_t"] or state["serve_t0"])
-        state["serve_t0"] = None
-        return found
+        def served(self, found: bool) -> None:
+            if found:  # the part of this poll outside a round it applied
+                self.receive += time.perf_counter() - (self.resume_t or self.serve_t0)
+            self.serve_t0 = None
 
-    def timed_apply(self, *args):
-        t = time.perf_counter()
-        apply(self, *args)
-        done = time.perf_counter()
-        # a round applied while taking a push counts that call's time up to here as receiving
-        rounds.append((state["receive"] + t - (state["serve_t0"] or t), done - t, t))
-        state["receive"], state["resume_t"] = 0.0, done
+        def round_begins(self) -> None:
+            self.round_t0 = time.perf_counter()
 
-    Server._serve_pushes, Server._apply_round = timed_serve, timed_apply
-    try:
-        yield rounds
-    finally:
-        Server._serve_pushes, Server._apply_round = serve, apply
+        def round_ends(self, closed: bool) -> None:
+            if not closed:  # a server of one shard waits for a push still to come (rank 0 never does)
+                return
+            t, done = self.round_t0, time.perf_counter()
+            # a round applied while taking a push counts that poll's time up to here as receiving
+            self.rounds.append((self.receive + t - (self.serve_t0 or t), done - t, t))
+            self.receive, self.resume_t = 0.0, done
+
+    return CoreTimers()
 
 
 def runtime_round_trips(ctx, job, warmup: int) -> tuple[list[list[float]], dict | None, dict | None]:
@@ -262,12 +256,12 @@ def runtime_round_trips(ctx, job, warmup: int) -> tuple[list[list[float]], dict 
 
     Returns, on rank 0, every worker's iteration seconds, the :func:`~ebsp_mpi.bench.runjob.breakdown`
     of worker 0's iterations after `warmup` when the job writes traces, and the medians of
-    :func:`server_core_timers` per round after `warmup` when the server ran rounds (BSP); elsewhere
-    nothing.
+    :func:`core_timers` per round after `warmup` when the server ran rounds (BSP); elsewhere nothing.
     """
     read = (lambda run_dir: breakdown(run_dir, warmup)) if job.trace.enabled else None
-    with server_core_timers() as rounds:
-        result = run_job(ctx, job, _timed_worker_class(), read=read)
+    timers = core_timers()
+    result = run_job(ctx, job, _timed_worker_class(), read=read, probe=timers)
+    rounds = timers.rounds
     periods = ctx.comm.gather(None if ctx.rank < ctx.servers else list(np.diff(result.starts)), root=0)
     if ctx.rank != 0:
         return [], None, None

@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 
 
-def run_job(ctx, job, worker_class=None, read=None):
+def run_job(ctx, job, worker_class=None, read=None, probe=None):
     """Run `job` on the ranks of `ctx` (``runtime.rank.start.setup``) in a temporary run directory.
 
     Returns the summary on rank 0 (with ``read``, a function of the run directory, also what it
     returns: ``(summary, read(run_dir))``) and the finished worker object on the other ranks. The run
-    directory (traces, ``model.h5``) is deleted afterwards.
+    directory (traces, ``model.h5``) is deleted afterwards. `probe`: rank 0's ``ServerProbe``.
     """
     from ..run_description import read_osdp_plan
     from ..runtime.launch import make_role
@@ -30,7 +30,7 @@ def run_job(ctx, job, worker_class=None, read=None):
     path = ctx.comm.bcast(tempfile.mkdtemp(prefix="ebsp-bench-") if ctx.rank == 0 else None, root=0)
     try:
         role = make_role(ctx, job, Path(path), show_progress=False, worker_class=worker_class,
-                         plan=read_osdp_plan(job))
+                         plan=read_osdp_plan(job), probe=probe)
         summary = role.run()  # rank 0's collects the workers' statistics
         result = summary if ctx.rank == 0 else role
         ctx.comm.Barrier()  # every trace file is closed

@@ -1,6 +1,6 @@
 """The mean of a BSP round's gradients, in one place for every code that forms it.
 
-The parameter server (``runtime.server``), the single-process oracle (``reference``) and the benchmark
+The parameter server (``runtime.servers.server``), the single-process oracle (``reference``) and the benchmark
 of the server's work (``bench.ps``) all call :func:`round_mean`, so BSP over MPI and the oracle do the
 same float operations in the same order (docs/design.md, "Synchronization models": BSP equals the
 reference trainer with ``sync.workers = n`` up to float summation order — here, bit for bit).

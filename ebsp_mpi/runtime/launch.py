@@ -177,10 +177,11 @@ def _share_codes(ctx, code: int, codes: np.ndarray, timeout_s: float) -> None:
 
 
 def make_role(ctx, job: JobConfig, run_dir: Path, ckpt: Checkpoint | None = None, show_progress: bool = True,
-              worker_class=None, *, plan: OsdpPlan | None, identity=None):
+              worker_class=None, *, plan: OsdpPlan | None, identity=None, probe=None):
     """This rank's part of the job, ready to ``run()``: rank 0 the server and scheduler, ranks
     1..k-1 the other servers (``runtime.servers = k``), the rest workers (`worker_class`, default
-    ``Worker``: a benchmark may pass its own). With `ckpt`, each continues from the checkpoint.
+    ``Worker``: a benchmark may pass its own, and a ``ServerProbe`` for rank 0). With `ckpt`, each
+    continues from the checkpoint.
 
     The job is resolved here once into the run every role works from (``RunDescription``), with the
     layout of its messages on these ranks; `plan` is its OSDP plan as the command line read it
@@ -188,11 +189,13 @@ def make_role(ctx, job: JobConfig, run_dir: Path, ckpt: Checkpoint | None = None
     description = describe(job, ctx.workers, plan, identity)
     description = dataclasses.replace(description, layout=make_layout(ctx, description))
     if ctx.rank == 0:
-        from .server import Server
+        from .servers.server import Server
 
-        return Server(ctx, description, run_dir, show_progress=show_progress, resume=ckpt)
+        from .servers.probe import NO_PROBE
+
+        return Server(ctx, description, run_dir, show_progress=show_progress, resume=ckpt, probe=probe or NO_PROBE)
     if ctx.is_server:
-        from .shard_server import ShardServer
+        from .servers.shard_server import ShardServer
 
         return ShardServer(ctx, description, run_dir, resume=ckpt)
     from .worker.loop import Worker

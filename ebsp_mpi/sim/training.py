@@ -2,9 +2,10 @@
 
 Virtual worker w draws the batches live worker w would (``build.batch_stream``: its shard, reshuffled
 by ``(seed, w, epoch)``) and computes its gradient on the weights of the version it was released with;
-its push is applied when the coordinator says, with the server's optimizer, learning-rate schedule,
-NaN rule, BSP round mean (``nn.average.round_mean``, in worker order) and staleness rule
-(``nn.staleness``). Real compute time is not virtual time: the schedule comes from the straggler model
+its push is applied when the coordinator says, through the update every server rank applies to its
+shard (``nn.shard_update``: learning-rate schedule and staleness rule, DC-ASGD, version bookkeeping,
+optimizer step, BSP round mean in worker order), here on the whole model as one shard, with the NaN
+rule. Real compute time is not virtual time: the schedule comes from the straggler model
 or a recording. Evaluations run at virtual times (``eval.every_seconds``), on the weights as they were
 then.
 
@@ -25,8 +26,8 @@ from .. import build
 from ..config import JobConfig
 from ..divergence import DivergenceWatch
 from ..errors import UsageError
-from ..nn.average import round_mean
 from ..nn.kernels import all_finite
+from ..nn.shard_update import ShardUpdate
 from ..nn.staleness import StalenessRule
 from ..nn.versions import VersionStore
 from ..outputs import AccuracyTargets
@@ -77,19 +78,17 @@ class EmulatedTrainer(Trainer):
         self.ds = description.dataset
         self.model = description.model()                  # computes every worker's gradient in turn
         self.params = self.model.space.data.copy()        # the server's weights, initialised alike
-        self.opt = build.optimizer(job, self.params.size)
-        self.lr_at = build.schedule(job)
-        self.rule = StalenessRule(job.optim.staleness, job.optim.dc_lambda)
-        self.dc = self.rule.needs_pulled_weights
-        self.scratch = np.empty_like(self.params)
-        self.streams = [description.batch_stream(w) for w in range(workers)]
-        self.versions = VersionStore(self.params)
-        self.holding: list[int | None] = [None] * workers  # the version each computing worker holds
-        self.pending: dict[int, tuple[np.ndarray, int]] = {}  # pushed, not yet applied: (gradient, version used)
-        self.free: list[np.ndarray] = []
         # Only BSP's round keeps pushes unapplied past the next gradient; every other model applies (or
         # rejects) a push within its own event, so its gradient is read where the model left it
         self.keep_gradients = round_based(job.sync)
+        # the server's update of the whole model as one shard (nn.shard_update), whose version store keeps
+        # the weights of every version a worker computes on, under every model
+        self.update = ShardUpdate(self.params, build.optimizer(job, self.params.size), build.schedule(job),
+                                  StalenessRule(job.optim.staleness, job.optim.dc_lambda),
+                                  versions=VersionStore(self.params), round_based=self.keep_gradients)
+        self.streams = [description.batch_stream(w) for w in range(workers)]
+        self.pending: dict[int, tuple[np.ndarray, int]] = {}  # pushed, not yet applied: (gradient, version used)
+        self.free: list[np.ndarray] = []
         self.model_holds: int | None = None  # the version in the model's buffer (None: not known)
         self.last_loss = np.full(workers, np.nan)
         self.version = 0
@@ -99,7 +98,6 @@ class EmulatedTrainer(Trainer):
         self.every = job.eval.every_seconds
         self.next_eval = self.every if self.every > 0 else np.inf
         self.evaluated: tuple[int, float, float] | None = None  # (version, loss, accuracy) last computed
-        self.dc_step: int | None = None  # the worker whose corrected step is in `scratch`, checked finite
         self.gradients = 0
         self.rejected = 0
         self.compute_seconds = 0.0
@@ -111,16 +109,15 @@ class EmulatedTrainer(Trainer):
     # -- the simulation's events ------------------------------------------------------------------
 
     def released(self, worker: int, version: int) -> None:
-        self.versions.hold(version)
-        self.holding[worker] = version
+        self.update.hold(worker, version)
 
     def pushed(self, worker: int, t: float) -> bool:
         if self.next_eval <= t:
             self.evaluate_until(t)
-        used = self.holding[worker]
+        used = self.update.held_by[worker]
         c0 = time.perf_counter()
         if self.model_holds != used:  # BSP's workers all compute on one version: copied once a round
-            self.model.space.data[...] = self.versions.of(used)
+            self.model.space.data[...] = self.update.pulled_weights(worker)
             self.model_holds = used
         idx = self.streams[worker].next_indices()
         self.last_loss[worker] = self.model.loss_and_grad(self.ds.x_train[idx], self.ds.y_train[idx], **self.blocks)
@@ -131,55 +128,42 @@ class EmulatedTrainer(Trainer):
         self.compute_seconds += time.perf_counter() - c0
         self.gradients += 1
         self.pending[worker] = (grad, used)
-        self.holding[worker] = None
         if not all_finite(grad):
             return True
-        if self.dc and not self.keep_gradients:
-            # applied within this push's event, on the weights as they are now: the corrected step is
-            # worked out here, and a push whose step is not finite is rejected, never applied
-            step = self.rule.gradient(grad, self.params, self.versions.of(used), self.scratch)
-            if not all_finite(step):
-                return True
-            self.dc_step = worker if step is self.scratch else None
-        return False
+        # applied within this push's event, on the weights as they are now: the corrected step is worked
+        # out (and kept) here, and a push whose step is not finite is rejected, never applied
+        return self.update.dc and not self.keep_gradients and not self.update.step_finite(worker, grad)
 
     def apply(self, worker: int, version: int) -> None:
         grad, used = self.pending.pop(worker)
-        if self.dc_step == worker:  # worked out and checked by pushed(), on these weights
-            step, self.dc_step = self.scratch, None
-        else:
-            step = self.rule.gradient(grad, self.params, self.versions.of(used), self.scratch) if self.dc else grad
-        lr = self.rule.lr(self.lr_at(version), version - used + 1)
         self.divergence.push(version - used)
-        self._done(grad, used)  # before the step: a version no one holds any more is not copied
-        self._step(step, lr)
+        if not self.update.apply(worker, grad, version, used):  # checked by pushed(), on these weights
+            raise RuntimeError(f"worker {worker}'s step was applied unchecked and is not finite")
+        self.version += 1
 
     def round(self, members: tuple[int, ...], version: int) -> None:
         taken = [self.pending.pop(w) for w in members]
-        mean = round_mean([g for g, _ in taken], self.scratch) if taken else None
-        for grad, used in taken:
-            self._done(grad, used)
+        for w in members:
+            self.update.let_go(w)  # before the step: a version no one holds any more is not copied
             self.divergence.push(0)  # a round's pushes were all computed on the weights it steps from
-        if mean is not None:
-            self._step(mean, self.lr_at(version))
+        if taken:
+            self.update.round_step([g for g, _ in taken], slice(0, self.params.size), version)
+            self.version += 1
+        self.free += [g for g, _ in taken]
 
     def reject(self, worker: int) -> None:
         self.rejected += 1
-        grad, used = self.pending.pop(worker)
-        self._done(grad, used)
-
-    # -- steps and evaluations --------------------------------------------------------------------
-
-    def _step(self, grad: np.ndarray, lr: float) -> None:
-        self.versions.changing(self.version + 1)
-        self.opt.step(self.params, grad, lr)
-        self.version += 1
-
-    def _done(self, grad: np.ndarray, used: int) -> None:
-        """`grad` is used up (its buffer is free for the next push's) and its version let go."""
+        grad, _ = self.pending.pop(worker)
+        self.update.let_go(worker)
         if self.keep_gradients:
             self.free.append(grad)
-        self.versions.release(used)
+
+    @property
+    def versions(self) -> VersionStore:
+        """The weights of the versions workers compute on."""
+        return self.update.versions
+
+    # -- evaluations ------------------------------------------------------------------------------
 
     def evaluate_until(self, t: float) -> None:
         """Every evaluation due at a virtual time up to `t`, on the weights as they are (no push after
@@ -222,7 +206,7 @@ class EmulatedTrainer(Trainer):
         heard = self.last_loss[np.isfinite(self.last_loss)]
         return {"gradients": self.gradients, "compute_seconds": self.compute_seconds,
                 "peak_versions": self.versions.peak_copies, "model_bytes": int(self.params.nbytes),
-                "staleness_rule": self.rule.rule, "train_loss": float(heard.mean()) if heard.size else None}
+                "staleness_rule": self.update.rule.rule, "train_loss": float(heard.mean()) if heard.size else None}
 
 
 def _ignore(*_) -> None:

@@ -1,7 +1,7 @@
 """The interface every synchronization model implements.
 
 A policy is pure logic over events: it never sees MPI, arrays or a clock of its own. The parameter
-server (``ebsp_mpi.runtime.server``) drives it; the unit tests drive it with scripted event sequences;
+server (``ebsp_mpi.runtime.servers.server``) drives it; the unit tests drive it with scripted event sequences;
 a simulator can drive it with thousands of virtual workers.
 
 Protocol, in the server's order of calls:
@@ -87,7 +87,8 @@ class SyncPolicy(ABC):
         #: barriers released so far: points where held workers were let go together (a BSP round is one;
         #: ASP, SSP and DSSP have none)
         self.barriers = 0
-        self._records: list[Record] = []
+        #: trace rows made since the last :meth:`take_records` (the coordinator takes them when any are here)
+        self.records: list[Record] = []
         # _count[d]: active workers that have pushed d times; _min: the least d with _count[d] > 0
         self._count = [workers]
         self._min = 0
@@ -113,6 +114,14 @@ class SyncPolicy(ABC):
     def pushes(self, worker: int) -> int:
         """Pushes of `worker` so far."""
         return self._done[worker]
+
+    @property
+    def push_counts(self) -> list[int]:
+        """Every worker's pushes so far, accepted or rejected: the list itself, not a copy, which
+        stays the same object for the policy's life (:meth:`load_state_dict` fills it in place), so
+        that the coordinator reads the counts here instead of keeping its own. Read it; only
+        :meth:`on_push` writes it."""
+        return self._done
 
     def active_sorted(self) -> tuple[int, ...]:
         """The active workers in increasing order (kept until the next departure)."""
@@ -199,7 +208,7 @@ class SyncPolicy(ABC):
         if state.get("name") != self.name or len(state.get("done", ())) != self.workers:
             raise ValueError(f"a checkpoint of {state.get('name')!r} with {len(state.get('done', ()))} workers "
                              f"cannot resume {self.name!r} with {self.workers}")
-        self._done = [int(d) for d in state["done"]]
+        self._done[:] = [int(d) for d in state["done"]]  # in place: push_counts stays the same list
         self._count = [0] * (max(self._done) + 1)
         for w in self.active:
             self._count[self._done[w]] += 1
@@ -209,11 +218,11 @@ class SyncPolicy(ABC):
 
     def take_records(self) -> list[Record]:
         """Trace rows produced since the last call (barriers, ZipLine calls, ...); clears them."""
-        records, self._records = self._records, []
+        records, self.records = self.records, []
         return records
 
     def _record(self, table: str, **row) -> None:
-        self._records.append(Record(table, row))
+        self.records.append(Record(table, row))
 
     def _check_worker(self, worker: int) -> None:
         if not 0 <= worker < self.workers:

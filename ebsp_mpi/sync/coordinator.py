@@ -1,8 +1,9 @@
 """The coordinator: what rank 0 decides on each event, written once (docs/design.md, "The coordinator").
 
 A :class:`Coordinator` wraps a sync policy and owns everything the parameter server decides: the
-version count, every worker's push count, the rejected pushes, BSP's round, the iteration limits
-and the workers that have left, and the stop (a time limit, or a stop request on SIGTERM). It is
+version count, the rejected pushes, BSP's round, the iteration limits and the workers that have
+left, and the stop (a time limit, or a stop request on SIGTERM); every worker's push count is the
+policy's (``SyncPolicy.push_counts``), read here, not kept twice. It is
 pure: no MPI, no arrays, no clock of its own. Given an event it returns the **actions** to carry out,
 in order:
 
@@ -15,12 +16,12 @@ in order:
   worker's last reply;
 - :class:`~ebsp_mpi.sync.base.Record` -- a trace row of the policy's (a barrier, a ZipLine call).
 
-The drivers carry the actions out and decide nothing: the MPI server (``runtime/server.py``, and
-through its order stream the other servers) takes them as a list of typed records
-(:meth:`Coordinator.push`); the event simulator (:mod:`ebsp_mpi.sim.events`), which makes millions of pushes, is
-an :class:`Executor` whose methods the coordinator calls in the same order, with no record made
-(:meth:`Coordinator.push_to`). The single-process reference trainer does not use it: it is the oracle
-the MPI runs are checked against.
+The drivers carry the actions out and decide nothing: the MPI servers take them as one list of
+typed orders that every server rank, rank 0 included, carries out through the same executor
+(``runtime/servers/orders.py``, ``runtime/servers/executor.py``); the event simulator (:mod:`ebsp_mpi.sim.events`),
+which makes millions of pushes, is an :class:`Executor` whose methods the coordinator calls in the
+same order, with no record made (:meth:`Coordinator.push_to`); so is the server's order list. The
+single-process reference trainer does not use it: it is the oracle the MPI runs are checked against.
 
 Events: :meth:`~Coordinator.start` (every worker pulls the initial weights),
 :meth:`~Coordinator.push` (worker w's push at time t, which is also its request to pull: a worker
@@ -148,7 +149,8 @@ class Coordinator:
         self.limits = [math.inf if lim is None else int(lim) for lim in limits]
         self.stop_seconds = stop_seconds or math.inf
         self.version = 0
-        self.pushes = [0] * self.workers  # pushes taken in, accepted or rejected
+        # every worker's pushes taken in, accepted or rejected: the policy's own counts, read here
+        self.pushes = policy.push_counts
         self.rejected = 0
         self.left: set[int] = set()
         self.round_members: list[int] = []  # BSP: the accepted pushes of the open round
@@ -166,12 +168,22 @@ class Coordinator:
         self._open_until = -math.inf
 
     def restore(self, version: int, pushes: Sequence[int], rejected: int, policy_state: dict) -> None:
-        """Go on from a checkpoint: the counts, and the policy's state (``SyncPolicy.load_state_dict``)."""
+        """Go on from a checkpoint: the counts, and the policy's state (``SyncPolicy.load_state_dict``),
+        which holds the pushes too: `pushes` must agree with it."""
         if len(pushes) != self.workers:
             raise ValueError(f"a checkpoint of {len(pushes)} workers; this run has {self.workers}")
         self.version, self.rejected = int(version), int(rejected)
-        self.pushes = [int(p) for p in pushes]
         self.policy.load_state_dict(policy_state)
+        if [int(p) for p in pushes] != self.pushes:
+            raise ValueError(f"a checkpoint whose pushes {list(pushes)} disagree with its policy's {self.pushes}")
+
+    def owes_push(self, worker: int) -> bool:
+        """`worker` computes its next push: it has not left, and its pull is not held."""
+        return worker not in self.left and worker not in self.policy.held
+
+    def next_is_last(self, worker: int) -> bool:
+        """`worker`'s next push is its last (its iteration limit)."""
+        return self.pushes[worker] + 1 >= self.limits[worker]
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -206,10 +218,9 @@ class Coordinator:
             if executor.apply is not None:
                 executor.apply(worker, self.version)
             self.version += 1
-        done = pushes[worker] = pushes[worker] + 1
-        decision = policy.on_push(worker, t)
-        release = decision.release
-        if len(release) < 2 and t < self._open_until and not decision.apply_round and not policy._records \
+        decision = policy.on_push(worker, t)  # counts the push, in the counts read here as `pushes`
+        done, release = pushes[worker], decision.release
+        if len(release) < 2 and t < self._open_until and not decision.apply_round and not policy.records \
                 and done < limits[worker]:
             # the common case, written out since it is most of a simulation's cost per push: at most one
             # worker released, nobody stops, no round, no trace row (what _carry would do with it)
@@ -234,7 +245,7 @@ class Coordinator:
         pending, left, pushes, limits = [decision], self.left, self.pushes, self.limits
         while pending:
             decision = pending.pop()
-            if self.policy._records:
+            if self.policy.records:
                 self._take_records(executor)
             # a worker stops at its iteration limit, at the time limit, or at a stop request
             closing = t >= self._open_until
@@ -248,7 +259,7 @@ class Coordinator:
                 if stop:
                     left.add(w)
                     pending.append(self.policy.on_leave(w, t))
-        if self.policy._records:
+        if self.policy.records:
             self._take_records(executor)
 
     def _leave(self, worker: int, t: float, executor: Executor) -> None:

@@ -1,12 +1,13 @@
 """Rank 0's side of the other servers (ranks 1..k-1 with ``runtime.servers = k``).
 
 Rank 0 alone runs the sync policy. Whatever it does to its own shard (apply a push, apply a round,
-answer a pull) it appends here as an order (the ``protocol.*Order`` records); :meth:`PeerServers.flush` sends the
-orders gathered since the last flush to every other server as one message, so each carries them out in
-rank 0's order. A snapshot (evaluation, checkpoint, the final model) is an order too: each server
-sends its shard back once it has carried out every order before it, so the pieces form the model
-rank 0 holds at that point. Servers and rank 0 tell each other they live (``ALIVE_TAG``) while no
-order flows, and rank 0 names a server that has gone silent.
+answer a pull) it appends here as an order (``runtime.servers.orders``); :meth:`PeerServers.flush` sends the
+orders gathered since the last flush to every other server as one message, so each carries them out
+in rank 0's order, through the same executor as rank 0 (``runtime.servers.executor``). A snapshot (evaluation,
+checkpoint, the final model) is an order too: each server sends its shard back once it has carried
+out every order before it, so the pieces form the model rank 0 holds at that point. Servers and
+rank 0 tell each other they live (``ALIVE_TAG``) while no order flows, and rank 0 names a server
+that has gone silent.
 
 With one server there are no peers, and every method does nothing.
 """
@@ -16,12 +17,12 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
+from .orders import EndOrder, Order, SnapshotOrder, encode_orders
 from ..transport.deadlines import Silence
 from ..transport.failures import StallError
 from ..transport.keepalive import KeepAlive
 from ..transport.polling import wait_all
-from ..transport.protocol import (ALIVE_TAG, ORDER_TAG, SNAP_TAG, STATS_TAG, EndOrder, Order, ProtocolError,
-                                  SnapshotOrder, encode_orders)
+from ..transport.protocol import ALIVE_TAG, ORDER_TAG, SNAP_TAG, STATS_TAG, ProtocolError
 
 
 class PeerServers:

@@ -15,7 +15,7 @@ answers it once this server has closed every round up to that version, and at on
 weights are then those of the version the worker computes at (no round ends before this worker's
 push). That the worker has its pull reply is not enough: a server whose shard holds no resident
 chunk sends no part of it, one whose resident chunks all went while the round streamed
-(``runtime.round_stream``) may have sent the last before its on-demand chunks are applied, and a
+(``runtime.servers.round_stream``) may have sent the last before its on-demand chunks are applied, and a
 shard server closes a round only once rank 0's order is in, which goes out with the replies. A fetch
 answered then read the weights before the round (0.03 off the oracle with every layer on demand on
 two servers). Other sync models read each server's latest (with k servers, each shard's latest: a

@@ -15,10 +15,11 @@ A worker's iteration, as messages (docs/design.md, "Parameters on the wire"):
   next pull request, so there is no separate request message.
 - **orders** (rank 0 -> servers 1..k-1, ``ORDER_TAG``): with ``runtime.servers = k > 1`` rank 0 alone
   runs the sync policy, and tells the other servers, in one ordered stream, what to do with their
-  shards: apply a push, apply a round, answer a pull, send a snapshot (the ``*Order`` records). Each server
-  carries the orders out in their order, so every shard applies the same pushes in the same order
-  as rank 0's, and a pulled or evaluated model is exactly the one rank 0 decided on. A snapshot goes
-  back to rank 0 on ``SNAP_TAG``; servers and rank 0 exchange keep-alives (``ALIVE_TAG``) while idle.
+  shards: apply or reject a push, apply a round, answer a pull, send a snapshot (the order records of
+  ``runtime.servers.orders``, which rank 0 carries out too). Each server carries the orders out in their
+  order, so every shard applies the same pushes in the same order as rank 0's, and a pulled or
+  evaluated model is exactly the one rank 0 decided on. A snapshot goes back to rank 0 on
+  ``SNAP_TAG``; servers and rank 0 exchange keep-alives (``ALIVE_TAG``) while idle.
 - **keep-alive** (rank 0 -> worker, ``ALIVE_TAG``): while the sync model holds a worker's pull, and
   from its stop reply to the end of the run, the server tells it every quarter of
   ``runtime.stall_timeout_s`` that it still lives, so that a worker's own watchdog (no word from the
@@ -52,7 +53,6 @@ from __future__ import annotations
 
 from collections import namedtuple
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
@@ -83,7 +83,7 @@ PUSH_FIELDS = ("iteration", "version", "loss", "injected_delay_s", "epoch", "com
 #: the worker should flush its trace (the server has written a checkpoint, which it commits once every
 #: worker's trace holds what the checkpoint counts: what a resumed run keeps of the traces is what was
 #: flushed before it), and 1 when a BSP round was redone: the weights came twice, the second time
-#: corrected, and the worker takes them again (``runtime.round_stream``)
+#: corrected, and the worker takes them again (``runtime.servers.round_stream``)
 PULL_FIELDS = ("version", "stop", "flush", "redo")
 
 
@@ -109,107 +109,6 @@ def pack(head: np.ndarray, fields: tuple[str, ...], **values: float) -> None:
     if len(values) != len(fields) or not all(name in values for name in fields):
         raise ValueError(f"header fields {sorted(values)}, expected exactly {list(fields)}")
     head[:] = [values[name] for name in fields]
-
-
-# -- orders: rank 0 to servers 1..k-1 ------------------------------------------------------------
-# One record type per order, each with its encoding: rows of ORDER_WIDTH float64, (code, a, b). A
-# message holds whole orders; :func:`decode_orders` reads them back and refuses anything else.
-
-ORDER_WIDTH = 3
-
-
-class ApplyOrder(NamedTuple):
-    """Apply `worker`'s push as one optimizer step at the learning rate of `version` (the version
-    before it). Row: (1, worker, version)."""
-
-    worker: int
-    version: int
-    CODE = 1  # not a field: NamedTuple takes unannotated names as class attributes
-
-    def rows(self) -> list[tuple]:
-        return [(self.CODE, self.worker, self.version)]
-
-
-class RoundOrder(NamedTuple):
-    """BSP: the mean of `members`' pushes (worker order) as one step at the learning rate of
-    `version`. Rows: (2, len(members), version), then one (3, member, 0) per member."""
-
-    members: tuple[int, ...]
-    version: int
-    CODE = 2
-    MEMBER = 3
-
-    def rows(self) -> list[tuple]:
-        return [(self.CODE, len(self.members), self.version)] + [(self.MEMBER, w, 0) for w in self.members]
-
-
-class ReplyOrder(NamedTuple):
-    """Answer `worker`'s pull with this shard's weights; `stop`: its last reply. Row: (4, worker,
-    stop)."""
-
-    worker: int
-    stop: bool
-    CODE = 4
-
-    def rows(self) -> list[tuple]:
-        return [(self.CODE, self.worker, 1 if self.stop else 0)]
-
-
-class SnapshotOrder(NamedTuple):
-    """Send this shard's parameters (`with_velocity`: and the optimizer state) to rank 0 on
-    ``SNAP_TAG``. Row: (5, 0, with_velocity)."""
-
-    with_velocity: bool
-    CODE = 5
-
-    def rows(self) -> list[tuple]:
-        return [(self.CODE, 0, 1 if self.with_velocity else 0)]
-
-
-class EndOrder(NamedTuple):
-    """Every worker has stopped: report the statistics and close. Row: (6, 0, 0)."""
-
-    CODE = 6
-
-    def rows(self) -> list[tuple]:
-        return [(self.CODE, 0, 0)]
-
-
-Order = ApplyOrder | RoundOrder | ReplyOrder | SnapshotOrder | EndOrder
-
-
-def encode_orders(orders: list[Order]) -> np.ndarray:
-    """One message of `orders`: their rows, flat, float64 (every integer exact below 2**53)."""
-    return np.array([row for order in orders for row in order.rows()], dtype=np.float64).reshape(-1)
-
-
-def decode_orders(values: np.ndarray) -> list[Order]:
-    """The orders of one message (:func:`encode_orders`); a malformed message is a ProtocolError."""
-    if values.size % ORDER_WIDTH:
-        raise ProtocolError(f"orders of {values.size} values from rank 0 (not rows of {ORDER_WIDTH})")
-    rows = [(int(code), int(a), int(b)) for code, a, b in values.reshape(-1, ORDER_WIDTH)]
-    orders: list[Order] = []
-    i = 0
-    while i < len(rows):
-        code, a, b = rows[i]
-        i += 1
-        if code == ApplyOrder.CODE:
-            orders.append(ApplyOrder(a, b))
-        elif code == RoundOrder.CODE:
-            members = rows[i:i + a]
-            if len(members) < a or any(row[0] != RoundOrder.MEMBER for row in members):
-                raise ProtocolError(f"a round of {a} members from rank 0 is followed by other rows: {members}")
-            orders.append(RoundOrder(tuple(w for _, w, _ in members), b))
-            i += a
-        elif code == ReplyOrder.CODE:
-            orders.append(ReplyOrder(a, bool(b)))
-        elif code == SnapshotOrder.CODE:
-            orders.append(SnapshotOrder(bool(b)))
-        elif code == EndOrder.CODE:
-            orders.append(EndOrder())
-        else:
-            raise ProtocolError(f"unknown order {(code, a, b)} from rank 0")
-    return orders
 
 
 @dataclass(frozen=True)

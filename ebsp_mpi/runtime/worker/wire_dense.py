@@ -176,7 +176,7 @@ class DenseWire:
         return self.later
 
     def post_redo(self) -> Requests:
-        """Post the receives of a redone BSP round's corrected weights (``runtime.round_stream``): the
+        """Post the receives of a redone BSP round's corrected weights (``runtime.servers.round_stream``): the
         reply's chunks again, no header; counted as one more pull."""
         again = Requests(self.later.requests[1:], self.later.ranks[1:])
         MPI.Prequest.Startall(again.requests)

@@ -30,10 +30,9 @@ from typing import NamedTuple
 import numpy as np
 from mpi4py import MPI
 
-from ..nn.average import round_mean
-from ..nn.factors import rebuild_gradient
-from .transport.polling import wait_all
-from .transport.protocol import CHUNK_TAG0, ProtocolError
+from ...nn.factors import rebuild_gradient
+from ..transport.polling import wait_all
+from ..transport.protocol import CHUNK_TAG0, ProtocolError
 
 
 class ClosedRound(NamedTuple):
@@ -189,19 +188,18 @@ class RoundStream:
             if keep:
                 np.copyto(self.undo_params[s], store.params[s])
                 np.copyto(self.undo_velocity[s], store.opt.velocity[s])
-            mean = round_mean([store.grads[w][s] for w in members], store.mean_buf[s])
-            store.opt.step(store.params[s], mean, store.lr_at(self.version), offset=c.start)
+            store.update.round_step([store.grads[w] for w in members], s, self.version)
         self.applied[j] = True
 
     def _apply_factor_layers(self, members) -> None:
         """The SFB layers this server owns: rebuilt from the members' factors in worker order (one GEMM)
         and stepped, at the close (their factors are not chunks)."""
-        store = self.store
-        lr = store.lr_at(self.version)
+        store, update = self.store, self.store.update
+        lr, mean = update.lr_at(self.version), update.mean_buf
         for a in store.sfb:
             V, U = store.factors.of(a, list(members))
-            rebuild_gradient(V, U, store.mean_buf[a.params].reshape(a.d_in, a.d_out), scale=1.0 / len(members))
-            store.opt.step(store.params[a.params], store.mean_buf[a.params], lr, offset=a.offset)
+            rebuild_gradient(V, U, mean[a.params].reshape(a.d_in, a.d_out), scale=1.0 / len(members))
+            update.opt.step(store.params[a.params], mean[a.params], lr, offset=a.offset)
 
     def _send(self, j: int, to: np.ndarray) -> None:
         """Send chunk `j` of the weights to the workers `to` (a mask; an OSDP on-demand unit's chunk is

@@ -2,11 +2,12 @@
 
 With ``runtime.servers = k`` the ``ParamSpace``'s chunks are dealt to the k servers in contiguous
 shards (``protocol.plan_shards``); with one server its shard is the whole model. A :class:`ShardStore`
-holds, for its elements [lo, hi): the parameters and the optimizer state, every worker's gradient
-chunks of its current push (with persistent receives for them, the push header and the factors of
-the SFB layers it owns), and the pull replies in flight. It applies a push or a BSP round and
-answers a pull when told to: by the sync policy on rank 0 (``runtime.server``), by rank 0's orders on
-the other servers (``runtime.shard_server``). It never decides anything itself.
+is the shard's transport around its update: the update itself (optimizer state, staleness rule,
+DC-ASGD, version bookkeeping, a round's mean) is the pure ``nn.shard_update``, which the emulated
+trainer uses too; the receives of every worker's next push are ``runtime.servers.push_receives``; the store
+keeps the pull replies in flight, the snapshots they send from and the byte counts. It applies a push
+or a BSP round and answers a pull when an order says (``runtime.servers.executor``, on every server rank). It
+never decides anything itself.
 
 Buffers are allocated at the model's full size and indexed by the flat offsets, so every rank uses
 the chunks' own offsets; only the shard's range is ever written, so the rest of each buffer is
@@ -16,39 +17,25 @@ never touched (its pages are never mapped).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 from mpi4py import MPI
 
-from .. import build
-from ..nn.factors import rebuild_gradient
-from ..nn.kernels import all_finite
-from ..nn.staleness import StalenessRule
-from ..nn.versions import VersionStore
+from ... import build
+from ...nn.factors import rebuild_gradient
+from ...nn.shard_update import ShardUpdate
+from ...nn.staleness import StalenessRule
+from ...nn.versions import VersionStore
+from .push_receives import Arrivals, PushReceives
 from .round_stream import ClosedRound, RoundStream
-from .transport.failures import JobFailure
-from .transport.hybrid import PS, SFB, ByteCounter, Stacked
-from .transport.protocol import CHUNK_TAG0, PULL_TAG, PUSH, PUSH_FIELDS, PUSH_TAG, ProtocolError, Shard, header
+from ..transport.failures import JobFailure
+from ..transport.hybrid import PS, ByteCounter, Stacked
+from ..transport.protocol import CHUNK_TAG0, PULL_TAG, PUSH, Shard
 
 
-#: ShardStore.part_kind of a push's parts that are no chunk: an SFB layer's factors, the header
-SFB_PART, HEADER_PART = -1, -2
 #: a streamed BSP round: the bytes of each worker's push whose receives are posted ahead, in chunks
 #: (at least 2): enough to cover a link's queue (expect_push)
 PACE_BYTES = 2 << 20
-
-
-class Arrivals(NamedTuple):
-    """What one poll of the push receives took in: how many parts (chunks, factor blocks, headers)
-    arrived, and the workers whose push became complete, in the order they completed.
-
-    A polling loop counts any part as progress, not only a complete push: the next part of a push
-    is then seen at once instead of after the back-off's longest sleep, once per part (the cause of
-    a 4.4x slower BSP, docs/performance.md)."""
-
-    parts: int
-    complete: list[int]
 
 
 @dataclass(eq=False)
@@ -81,7 +68,7 @@ class ShardStore:
     server : int
         This server's rank.
     round_based : bool
-        The sync policy applies rounds (BSP), streamed chunk by chunk (``runtime.round_stream``).
+        The sync policy applies rounds (BSP), streamed chunk by chunk (``runtime.servers.round_stream``).
     version : int
         The model version the run goes on from (0, or a checkpoint's): a round's learning rate.
     """
@@ -91,8 +78,7 @@ class ShardStore:
         self.ctx, self.shard, self.n = ctx, shard, ctx.workers
         self.params = params
         self.lo, self.hi = shard.lo, shard.hi
-        self.opt = build.optimizer(job, params.size)
-        self.lr_at = build.schedule(job)
+        self.update = _shard_update(job, params, shard, round_based)
         self.chunks = layout.chunks[shard.first:shard.stop]
         self.layout = layout
         self.sfb = [a for a in layout.sfb if layout.server_of_layer(a) == server]
@@ -110,144 +96,45 @@ class ShardStore:
         # messages counted one by one, their bytes added up when the counts are read (_settle_counts)
         self.sends_of_chunk: dict[int, list[int]] = {}  # chunk index -> [reply sends, bytes each]
         self.bytes.defer(self._settle_counts)
-        self.round_based = round_based
-        self.mean_buf = np.empty_like(params) if round_based else None  # a round's mean
-        self._make_receives(ctx, self.pushed_chunks)
         self.stream = RoundStream(self, version, job.runtime.stream_rounds) if round_based else None
         # a streamed round paces the pushes (expect_push), but not OSDP's: a worker sends an on-demand
         # unit's gradient from its fetch buffer and waits for that send before it fetches the next unit
         # into it, so a receive posted later than the send would never be posted (a hang, seen)
         paced = self.stream is not None and self.stream.early and layout.schedule is None
-        self.pace = max(2, PACE_BYTES // layout.chunk_bytes) if paced else None
-        self.send_order = _send_order(self.pushed_chunks, layout, job.runtime.wait_free_backprop)
-        self.posted = np.zeros(self.n, dtype=np.int64)  # per worker, its push's chunks with a receive posted
-        self.turn = np.argsort(self.send_order)  # each pushed chunk's place in the send order
+        self.receives = PushReceives(ctx, params, self.pushed_chunks, self.factors, self.stream,
+                                     max(2, PACE_BYTES // layout.chunk_bytes) if paced else None,
+                                     _send_order(self.pushed_chunks, layout, job.runtime.wait_free_backprop))
         self.replies: list[PendingReply] = []
         self.current: np.ndarray | None = None  # the snapshot replies go out from until the shard changes
         self.free_snapshots: list[np.ndarray] = []  # neither current nor sent by a reply in flight
-        self._staleness(job)
-
-    def _staleness(self, job) -> None:
-        """optim.staleness (nn.staleness). DC-ASGD reads the weights each push was computed on: this
-        shard's part of every version a worker holds is kept (nn.versions), counted in local steps, so
-        that a resumed run needs none of it back. A BSP round is never stale: no versions kept."""
-        self.rule = StalenessRule(job.optim.staleness, job.optim.dc_lambda)
-        self.shard_view = self.params[self.lo:self.hi]
-        self.versions = VersionStore(self.shard_view) \
-            if self.rule.needs_pulled_weights and not self.round_based else None
-        self.held_by: list[int | None] = [None] * self.n  # the local version each worker computes on
-        self.dc_buf = np.empty_like(self.shard_view) if self.versions is not None else None
-        self.dc_ready: tuple[int, int] | None = None  # (worker, local version) whose step dc_buf holds, checked
-
-    def _make_receives(self, ctx, pushed) -> None:
-        """One gradient buffer and header per worker, with persistent receives for every part of a push
-        that comes to this server: its gradient chunks, the factors of its SFB layers, the header."""
-        n = self.n
-        self.grads = [np.empty_like(self.params) for _ in range(n)]
-        self.headers = [header(PUSH_FIELDS) for _ in range(n)]
-        self.recvs: list[MPI.Prequest] = []
-        # request index -> (worker, expected count, MPI datatype, gradient chunk or factor block, the chunk's
-        # index (PS) or the layer (SFB), scheme)
-        self.part_of: list[tuple] = []
-        for w in range(n):
-            for c in pushed:
-                piece = self.grads[w][c.start:c.stop]
-                self.recvs.append(ctx.comm.Recv_init([piece, MPI.FLOAT], ctx.worker_rank(w), c.tag))
-                self.part_of.append((w, c.size, MPI.FLOAT, piece, c.tag - CHUNK_TAG0, PS))
-            if self.sfb:
-                for req, name, piece in self.factors.receives(ctx.factor_comm, ctx.worker_rank, [w]):
-                    self.recvs.append(req)
-                    self.part_of.append((w, piece.size, MPI.FLOAT, piece, name, SFB))
-            self.recvs.append(ctx.comm.Recv_init([self.headers[w], MPI.DOUBLE], ctx.worker_rank(w), PUSH_TAG))
-            self.part_of.append((w, len(PUSH_FIELDS), MPI.DOUBLE, None, None, None))
-        self.parts = len(self.recvs) // n
-        # per request, for a streamed round: the pushed chunk's index, SFB_PART or HEADER_PART
-        self.chunk_of_tag = {c.tag: j for j, c in enumerate(pushed)}
-        self.part_kind = [self.chunk_of_tag[CHUNK_TAG0 + what] if scheme == PS
-                          else SFB_PART if scheme == SFB else HEADER_PART
-                          for _, _, _, _, what, scheme in self.part_of]
-        self.arrivals_of_part = [0] * len(self.part_of)
-        self.statuses = [MPI.Status() for _ in self.recvs]
-        self.missing = np.zeros(n, dtype=np.int64)  # parts of the current push not yet arrived
 
     # -- pushes ---------------------------------------------------------------------------------
 
     def expect_push(self, w: int) -> None:
-        """Post the receives of `w`'s next push (before `w` can send it: with its pull reply).
-
-        A streamed BSP round posts the chunks' receives :data:`PACE_BYTES` ahead, in the order the
-        workers send them, one more for every worker each time a chunk is in from all of them. A large
-        message moves only once its receive is posted (MPI's rendezvous), so the workers' pushes share
-        the server's link chunk by chunk: without it one worker's push came in whole while another's
-        first chunk waited, and the round's first chunk, with it the replies, started late."""
-        self.missing[w] = self.parts
-        first = w * self.parts
-        if self.pace is None:
-            MPI.Prequest.Startall(self.recvs[first:first + self.parts])
-            return
-        chunks = len(self.pushed_chunks)
-        ahead = [first + j for j in self.send_order[:self.pace]]
-        MPI.Prequest.Startall([self.recvs[i] for i in ahead] + self.recvs[first + chunks:first + self.parts])
-        self.posted[w] = len(ahead)
+        """Post the receives of `w`'s next push (``PushReceives.expect_push``)."""
+        self.receives.expect_push(w)
 
     def paced(self, source: int, tag: int) -> bool:
-        """A message from rank `source` with `tag` is a chunk of a push whose receive is posted in its
-        turn (:meth:`expect_push`), not yet."""
-        if self.pace is None or source < self.ctx.servers:
-            return False
-        w, j = self.ctx.worker_of(source), self.chunk_of_tag.get(tag)
-        return j is not None and bool(self.stream.expected[w]) and self.turn[j] >= self.posted[w]
-
-    def _post_next_chunk(self) -> None:
-        """A chunk is in from every worker of the round: post the next chunk's receive for each."""
-        order = self.send_order
-        for w in np.flatnonzero(self.stream.expected):
-            if self.posted[w] < len(order):
-                self.recvs[w * self.parts + order[self.posted[w]]].Start()
-                self.posted[w] += 1
+        """A message from `source` with `tag` is a chunk of a push posted in its turn, not yet."""
+        return self.receives.paced(source, tag)
 
     def take_parts(self, last_heard: np.ndarray | None = None, now: float = 0.0) -> Arrivals:
-        """Take the parts of pushes that have arrived (:class:`Arrivals`). With `last_heard` (the
-        watchdog's, on rank 0), ``last_heard[w]`` becomes `now` for every worker a part came from."""
-        done = MPI.Request.Testsome(self.recvs, self.statuses)
-        complete = []
-        for k, i in enumerate(done or ()):  # statuses[k] belongs to done[k], as in MPI_Testsome
-            w, expected, datatype, piece = self.part_of[i][:4]
-            count = self.statuses[k].Get_count(datatype)
-            if count != expected:
-                raise ProtocolError(f"push from rank {self.ctx.worker_rank(w)}: message with tag "
-                                    f"{self.statuses[k].Get_tag()} has {count} values, expected {expected}")
-            if piece is not None:
-                self.arrivals_of_part[i] += 1
-            if self.stream is not None:
-                self._streamed_part(w, i)
-            if last_heard is not None:
-                last_heard[w] = now
-            self.missing[w] -= 1
-            if self.missing[w] == 0:
-                complete.append(w)
-                if self.stream is not None:
-                    self.stream.push_in(w)
-        return Arrivals(len(done or ()), complete)
-
-    def _streamed_part(self, w: int, i: int) -> None:
-        kind = self.part_kind[i]
-        if kind >= 0:
-            if self.stream.chunk_in(kind) and self.pace is not None:
-                self._post_next_chunk()
-        elif kind == HEADER_PART:
-            self.stream.header_in(w, bool(self.headers[w][PUSH.finite]))
+        """Take the parts of pushes that have arrived (``PushReceives.take_parts``)."""
+        return self.receives.take_parts(last_heard, now)
 
     def rejected(self, w: int, iteration: int) -> bool:
-        """Whether `w`'s complete push (its `iteration`-th) is rejected: its header says some value was
-        NaN or Inf. Every server reads the same header, so all reject the same pushes. The worker
-        checked every value before it sent it (``wire_dense.FiniteCheck``), once: MPI delivers those
-        bytes, so a second check here would only lengthen the server's round."""
-        head = self.headers[w]
-        if int(head[PUSH.iteration]) != iteration:
-            raise ProtocolError(f"push from rank {self.ctx.worker_rank(w)}: iteration {int(head[PUSH.iteration])}, "
-                                f"expected {iteration}")
-        return not head[PUSH.finite]
+        """Whether `w`'s complete push, its `iteration`-th, is rejected (``PushReceives.rejected``)."""
+        return self.receives.rejected(w, iteration)
+
+    @property
+    def grads(self) -> list[np.ndarray]:
+        """Per worker, the gradient of its push (whole-model buffers; this shard's chunks written)."""
+        return self.receives.grads
+
+    @property
+    def headers(self) -> list[np.ndarray]:
+        """Per worker, the header of its push."""
+        return self.receives.headers
 
     def corrected_step_finite(self, w: int) -> bool:
         """Under ``optim.staleness = dc``, whether `w`'s delay-compensated step on this shard, worked
@@ -255,16 +142,7 @@ class ShardStore:
         is the step's). A push is never applied with a step that is not finite: rank 0 rejects it,
         as one whose gradient is not finite. The step is kept for :meth:`apply` while the weights
         stay as they are (an asynchronous push is applied in the event it arrives in)."""
-        if self.versions is None:
-            return True
-        step = self._corrected_step(w)
-        self.dc_ready = (w, self.versions.version) if step is self.dc_buf else None
-        return bool(all_finite(step))
-
-    def _corrected_step(self, w: int):
-        grad = self._gradient(w)[self.lo:self.hi]
-        with np.errstate(over="ignore", invalid="ignore"):  # a step that overflows is checked, not warned of
-            return self.rule.gradient(grad, self.shard_view, self.versions.of(self.held_by[w]), self.dc_buf)
+        return self.update.step_finite(w, self._gradient(w)[self.lo:self.hi]) if self.update.dc else True
 
     def _gradient(self, w: int) -> np.ndarray:
         """`w`'s pushed gradient, its SFB layers rebuilt from their factors (Project Adam's factor push)."""
@@ -276,7 +154,7 @@ class ShardStore:
         return grad
 
     def apply(self, w: int, version: int) -> None:
-        """Apply `w`'s push as one optimizer step, at the learning rate of `version`.
+        """Apply `w`'s push as one optimizer step, at the learning rate of `version` (``nn.shard_update``).
 
         Raises
         ------
@@ -286,22 +164,18 @@ class ShardStore:
             the run stops in one line rather than apply it.
         """
         self._shard_changes()
-        lo, hi = self.lo, self.hi
         used = int(self.headers[w][PUSH.version])  # the version the gradient was computed on
-        lr = self.rule.lr(self.lr_at(version), version - used + 1)
-        if self.versions is None:
-            step = self._gradient(w)[lo:hi]
-        else:
-            checked, self.dc_ready = self.dc_ready == (w, self.versions.version), None
-            step = self.dc_buf if checked else self._corrected_step(w)
-            if not checked and not all_finite(step):
-                iteration = int(self.headers[w][PUSH.iteration])
-                raise JobFailure(f"the delay-compensated step of worker {w}'s push {iteration} is not finite on "
-                                 f"server rank {self.ctx.rank}'s shard (optim.dc_lambda = {self.rule.dc_lambda:g}), "
-                                 f"where no check could reject it: the training diverged; lower optim.dc_lambda or "
-                                 f"optim.lr")
-            self.versions.changing(self.versions.version + 1)
-        self.opt.step(self.shard_view, step, lr, offset=lo)
+        if not self.update.apply(w, self._gradient(w)[self.lo:self.hi], version, used):
+            iteration = int(self.headers[w][PUSH.iteration])
+            raise JobFailure(f"the delay-compensated step of worker {w}'s push {iteration} is not finite on "
+                             f"server rank {self.ctx.rank}'s shard (optim.dc_lambda = {self.update.rule.dc_lambda:g}), "
+                             f"where no check could reject it: the training diverged; lower optim.dc_lambda or "
+                             f"optim.lr")
+
+    @property
+    def opt(self):
+        """The shard's optimizer (its ``velocity`` is the optimizer state)."""
+        return self.update.opt
 
     @property
     def round_open(self) -> bool:
@@ -310,7 +184,7 @@ class ShardStore:
 
     @property
     def redone_rounds(self) -> int:
-        """BSP rounds redone, their weights sent twice (``runtime.round_stream``)."""
+        """BSP rounds redone, their weights sent twice (``runtime.servers.round_stream``)."""
         return self.stream.redone if self.stream is not None else 0
 
     def stream_ready(self, backoff, on_idle) -> bool:
@@ -338,7 +212,7 @@ class ShardStore:
         the other servers' replies alike), and it is written again only once it is neither current
         nor sent by a reply in flight.
         """
-        if self.round_based:  # while a round streams, a (stop) reply sends the weights before it
+        if self.stream is not None:  # while a round streams, a (stop) reply sends the weights before it
             return self.params if not self.stream.open else self.before_round(self.params)
         if self.current is None:
             self.current = self.free_snapshots.pop() if self.free_snapshots else np.empty_like(self.params)
@@ -364,7 +238,7 @@ class ShardStore:
             self._free_if_unused(snapshot)
 
     def _free_if_unused(self, snapshot: np.ndarray) -> None:
-        if self.round_based:  # a stop reply's copy of the weights before a round: not kept for reuse
+        if self.stream is not None:  # a stop reply's copy of the weights before a round: not kept for reuse
             return
         if snapshot is not self.current and all(r.snapshot is not snapshot for r in self.replies):
             self.free_snapshots.append(snapshot)
@@ -381,8 +255,9 @@ class ShardStore:
                 self.stream.expect(w, last)
         elif self.stream is not None and sent is None:  # a stop reply before its round closes
             self.stream.answer(w)
-        if self.versions is not None:
-            self._hold(w, stop)
+        self.update.let_go(w)  # the version its last push was computed on (taken by now)
+        if not stop:
+            self.update.hold(w)
         comm, rank = self.ctx.comm, self.ctx.worker_rank(w)
         requests = list(sent or ())
         if head is not None:
@@ -396,15 +271,6 @@ class ShardStore:
         self.replies.append(reply)
         return reply
 
-    def _hold(self, w: int, stop: bool) -> None:
-        """`w` is answered: it lets go of the version it computed its last push on (applied or
-        rejected by now) and, unless it stops, holds the current one."""
-        if self.held_by[w] is not None:
-            self.versions.release(self.held_by[w])
-        self.held_by[w] = None if stop else self.versions.version
-        if not stop:
-            self.versions.hold(self.versions.version)
-
     def count_sent(self, c, n: int = 1) -> None:
         sends = self.sends_of_chunk.get(c.tag)
         if sends is None:
@@ -414,18 +280,10 @@ class ShardStore:
     def _settle_counts(self) -> None:
         """Add the bytes of the parts received and the chunks sent so far to the byte counter."""
         itemsize = self.params.itemsize
-        for i, n in enumerate(self.arrivals_of_part):
-            _, _, _, piece, what, scheme = self.part_of[i]  # what: a chunk's index (PS), a layer's name (SFB)
-            if n and piece is not None:
-                if scheme == PS:
-                    for tensor, elements in self.layout.parts(what):
-                        self.bytes.received(tensor, PS, n * elements * itemsize)
-                else:
-                    self.bytes.received(what, scheme, n * piece.nbytes)
+        self.receives.settle_counts(self.bytes, self.layout, itemsize)
         for tag, (n, _) in self.sends_of_chunk.items():
             for tensor, elements in self.layout.parts(tag - CHUNK_TAG0):
                 self.bytes.sent(tensor, PS, n * elements * itemsize)
-        self.arrivals_of_part = [0] * len(self.part_of)
         self.sends_of_chunk = {}
 
     def complete_replies(self) -> bool:
@@ -485,3 +343,13 @@ def _send_order(chunks, layout, wait_free: bool) -> list[int]:
         parts = layout.parts(c.tag - CHUNK_TAG0)
         return (1, 0, c.start) if len(parts) > 1 else (0, -start[parts[0][0]], c.start)
     return sorted(range(len(chunks)), key=key)
+
+
+def _shard_update(job, params: np.ndarray, shard: Shard, round_based: bool) -> ShardUpdate:
+    """The update of `shard` (``optim.*``). DC-ASGD reads the weights each push was computed on: this
+    shard's part of every version a worker holds is kept, counted in local steps, so that a resumed
+    run needs none of it back. A BSP round is never stale: no versions kept."""
+    rule = StalenessRule(job.optim.staleness, job.optim.dc_lambda)
+    versions = VersionStore(params[shard.lo:shard.hi]) if rule.needs_pulled_weights and not round_based else None
+    return ShardUpdate(params, build.optimizer(job, params.size), build.schedule(job), rule, shard.lo, shard.hi,
+                       versions, round_based)

@@ -7,12 +7,15 @@ do and carries the actions out: apply the push, close a BSP round, answer pulls,
 decides nothing itself. Replies go out from buffers that never change while a send of them is in
 flight (docs/design.md, "Parameters on the wire"): snapshots of the parameters, or under BSP the
 parameters themselves, which only a completed round changes, after every reply still sending from
-them has completed (``runtime.shard``).
+them has completed (``runtime.servers.shard``).
 
-With k servers, what rank 0 does to its shard it orders the other servers to do to theirs, in one
-ordered stream of typed orders (``protocol.ApplyOrder`` ...), so every shard applies the same pushes
-in the same order and every reply, evaluation and checkpoint holds exactly the pushes rank 0 decided
-on (docs/design.md, "Sharded servers"; the release rule holds with equality).
+The coordinator's decisions on an event come as one list of typed orders (``runtime.servers.orders``), which
+rank 0 carries out on its shard through the order executor every server rank shares
+(``runtime.servers.executor``) and, with k servers, sends to the others, which carry them out on theirs: every
+shard applies the same pushes in the same order and every reply, evaluation and checkpoint holds
+exactly the pushes rank 0 decided on (docs/design.md, "Sharded servers"; the release rule holds with
+equality). What only rank 0 adds to an order (a reply's header, the trace) is its part as the
+executor's :class:`~ebsp_mpi.runtime.servers.executor.Host`.
 
 The message loop polls (``Testsome``) instead of blocking, so that between messages it can evaluate the
 model one slice at a time, watch for stalled ranks, flush the trace and report progress. What it
@@ -27,24 +30,26 @@ import logging
 import numpy as np
 from mpi4py import MPI
 
-from ..checkpoint import Checkpoint
-from ..errors import UsageError
-from ..sync.base import Record
-from ..sync.coordinator import Apply, Coordinator, Reject, Reply, Round
-from ..sync.registry import make_policy
-from .rank.faults import fault_for
-from .rank.signals import stop_signals, terminate_requested
-from .rank.trace_file import open_rank_trace
-from .servers.peers import PeerServers
-from .servers.recorder import Recorder
+from ...checkpoint import Checkpoint
+from ...errors import UsageError
+from ...sync.coordinator import Coordinator
+from ...sync.registry import make_policy
+from .executor import OrderExecutor
+from .host import SchedulerHost
+from .orders import OrderList, RoundOrder
+from .probe import NO_PROBE, ServerProbe
+from ..rank.faults import fault_for
+from ..rank.signals import stop_signals, terminate_requested
+from ..rank.trace_file import open_rank_trace
+from .peers import PeerServers
+from .recorder import Recorder
 from .shard import ShardStore
-from .transport.context import Context
-from .transport.failures import StallError
-from .transport.fetch import FetchServer
-from .transport.keepalive import HOUSEKEEPING_S, KeepAlive
-from .transport.layout import worker_limits
-from .transport.protocol import (ALIVE_TAG, PULL_FIELDS, PUSH, STATS_TAG, ApplyOrder, ProtocolError, ReplyOrder,
-                                 RoundOrder, pack)
+from ..transport.context import Context
+from ..transport.failures import StallError
+from ..transport.fetch import FetchServer
+from ..transport.keepalive import HOUSEKEEPING_S
+from ..transport.layout import worker_limits
+from ..transport.protocol import ALIVE_TAG, PUSH, STATS_TAG, ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +58,7 @@ class Server:
     """Serve one training run; :meth:`run` returns the summary (also written to ``summary.json``)."""
 
     def __init__(self, ctx: Context, description, run_dir, show_progress: bool = True,
-                 resume: Checkpoint | None = None):
+                 resume: Checkpoint | None = None, probe: ServerProbe = NO_PROBE):
         job = description.job
         self.ctx, self.job, self.run_dir, self.description = ctx, job, run_dir, description
         n = self.n = ctx.workers
@@ -73,20 +78,17 @@ class Server:
         self.whole = self.params if ctx.servers == 1 else np.empty_like(self.params)
         self.whole_velocity = self.opt.velocity if ctx.servers == 1 else np.empty_like(self.opt.velocity)
         self.limits = worker_limits(description.limits, self.layout)
-        self.sfb_bsp = self.layout.sfb_bsp
         self.coordinator = Coordinator(self.policy, self.limits, job.stop.seconds)
-        self.reply_len = len(PULL_FIELDS) + (n if self.sfb_bsp else 0)  # BSP with SFB: the round's members
-        self.round_mask = np.zeros(n)
         self._log_layout()
-        self.pull_requested = np.zeros(n)  # when each worker's pending pull arrived (its push time)
-        self.last_heard = np.zeros(n)
-        self.alive = KeepAlive(ctx.comm, job.runtime.stall_timeout_s)  # to the workers whose pulls are held
         self.stats: list[dict | None] = [None] * n  # what each worker reports once it has stopped
-        self.flush_asked = np.zeros(n, dtype=bool)  # a checkpoint was written: flush your trace
         self.unflushed = np.zeros(n, dtype=bool)  # whose trace may lack rows the pending checkpoint counts
         self.trace = open_rank_trace(ctx, job, run_dir, role="server", backend="numpy", device="cpu",
                                      append=resume is not None)
         self.trace.set_attrs(**self.layout.as_attrs())
+        # rank 0's part of each order: reply headers, the pull trace, the workers' watch times
+        self.host = SchedulerHost(ctx, self.trace, self.layout.sfb_bsp, job.runtime.stall_timeout_s)
+        self.probe = probe  # a benchmark's watch on the loop and the rounds (runtime.servers.probe)
+        self.executor = OrderExecutor(self.store, host=self.host, on_idle=self._while_waiting, probe=probe)
         self.fault = fault_for(0, ctx.size)  # EBSP_INJECT_FAULT, to test the failure paths
         if resume is not None:
             self._restore(resume)
@@ -111,18 +113,17 @@ class Server:
                         "(docs/osdp.md)")
         self.trace.set_attrs(clock_offset_s=0.0)
         t = self.ctx.now()
-        self.last_heard[:] = t
-        for w in range(self.n):
-            self.alive.told(self.ctx.worker_rank(w), t)
-        self.pull_requested[:] = t
+        self.host.start(t)
         self.peers.start(t)
         self.recorder.record.start(t)  # a resumed run's clock goes on from its checkpoint
-        self._carry_out(self.coordinator.start(t), t)
+        self._start_workers(t)
         next_housekeeping = 0.0
         while not self.coordinator.finished or self.store.replies:
+            self.probe.serving()
             progressed = self._serve_pushes()
+            self.probe.served(progressed)
             if self.fetches is not None:
-                progressed |= self.fetches.take(self.last_heard, self.ctx.now())
+                progressed |= self.fetches.take(self.host.last_heard, self.ctx.now())
             now = self.ctx.now()
             self.peers.flush(now)
             progressed |= self.store.complete_replies()
@@ -138,16 +139,24 @@ class Server:
                 backoff.idle()
         return self._finish()
 
+    def _start_workers(self, t: float) -> None:
+        """Every worker pulls the initial weights (the coordinator's start, at run time `t`)."""
+        decided = OrderList(self.coordinator)
+        self.coordinator.start_to(decided, t)
+        self._carry_out(decided, t)
+
     def _serve_pushes(self) -> bool:
         """Take the parts of pushes that have come and act on the pushes they complete; True when any
         part came (``shard.Arrivals``)."""
-        arrived = self.store.take_parts(self.last_heard, self.ctx.now())
+        arrived = self.store.take_parts(self.host.last_heard, self.ctx.now())
         # a push's time is read after the test that found it complete: read before, it could precede the
         # worker's own time of sending by as long as the tests took (0.45 ms seen across nodes)
         now = self.ctx.now()
+        if arrived.complete:
+            self.executor.arrived(arrived.complete)
         for w in arrived.complete:
             self._on_push(w, now)
-        streamed = self.policy.round_based and self.store.stream_ready(self.ctx.backoff(), self._while_waiting)
+        streamed = self.executor.stream(self.ctx.backoff())
         return arrived.parts > 0 or streamed
 
     def _on_push(self, w: int, t: float) -> None:
@@ -159,68 +168,35 @@ class Server:
         rejected = self.store.rejected(w, iteration) or \
             (self.ctx.servers == 1 and not self.store.corrected_step_finite(w))
         self.recorder.pushed(w, head)
-        self.pull_requested[w] = t
+        self.host.pull_requested[w] = t
         self.trace.append("pushes", worker=w, iteration=iteration, t=t, version_before=version_before,
                           staleness=version_before - version_used, rejected=rejected)
         if not rejected:
             self.recorder.record.divergence.push(version_before - version_used)
         if head[PUSH.flushed]:  # its trace holds every iteration the pending checkpoint counts
             self._flushed(w)
-        actions = coordinator.push(w, t, rejected)
+        decided = OrderList(coordinator)
+        coordinator.push_to(decided, w, t, rejected)
         if self.fault is not None and self.fault.due(pushed := sum(coordinator.pushes)):
             self.fault.fire(f"push {pushed}")
-        self._carry_out(actions, t)
+        self._carry_out(decided, t)
 
-    def _carry_out(self, actions, t: float) -> None:
-        """Carry out the coordinator's actions, in order, on rank 0's shard and, through the order
-        stream, on the other servers'."""
-        for action in actions:
-            if isinstance(action, Reply):
-                self._reply(action, self.store.reply_buffer(), t)
-            elif isinstance(action, Apply):
-                self.store.apply(action.worker, action.version)
-                self.peers.order(ApplyOrder(action.worker, action.version))
-            elif isinstance(action, Round):
-                self._apply_round(action, t)
-            elif isinstance(action, Record):
-                self.trace.append(action.table, **action.row)
-            elif isinstance(action, Reject):
-                log.warning("rejected push %d of rank %d: NaN or Inf in the gradient or its step", action.iteration,
-                            self.ctx.worker_rank(action.worker))
-
-    def _apply_round(self, round_: Round, t: float) -> None:
-        """BSP: the mean of the round's gradients, summed in worker order, as one optimizer step; the
-        chunks not streamed yet are applied and sent now (``runtime.round_stream``), then the replies'
-        headers."""
-        self.peers.order(RoundOrder(round_.members, round_.version))
-        closed = self.store.close_round(round_.members, round_.version, self.ctx.backoff(), self._while_waiting)
-        if sorted(closed.sends) != sorted(r.worker for r in round_.replies):
-            raise ProtocolError(f"the round's weights went to workers {sorted(closed.sends)}, its replies are to "
-                                f"{sorted(r.worker for r in round_.replies)}")
-        self.round_mask[:] = 0.0
-        self.round_mask[list(round_.members)] = 1.0  # the workers rebuild the SFB layers' mean from these
-        for reply in round_.replies:
-            self._reply(reply, self.params, t, sent=closed.sends[reply.worker], redo=closed.redo)
-        if self._checkpoint_due(t):  # between rounds is the one consistent point of BSP
+    def _carry_out(self, decided: OrderList, t: float) -> None:
+        """Carry out the coordinator's decision at run time `t`: its trace rows, then its orders, on rank
+        0's shard and, through the order stream, on the other servers'. Rank 0 decided on pushes it
+        holds whole, so none of its orders waits. Between rounds is BSP's one consistent point for a
+        checkpoint."""
+        for record in decided.records:
+            self.trace.append(record.table, **record.row)
+        for order in decided.orders:
+            self.peers.order(order)
+        self.host.t_event = t
+        self.executor.take(decided.orders)
+        self.executor.carry_out()
+        if self.executor.queue:
+            raise ProtocolError(f"rank 0 could not carry out its own order {self.executor.queue[0]}")
+        if any(type(order) is RoundOrder for order in decided.orders) and self._checkpoint_due(t):
             self._checkpoint(t)
-
-    def _reply(self, reply: Reply, buffer: np.ndarray, t: float, sent: list | None = None, redo: bool = False):
-        """Answer a pull: the header and rank 0's shard from `buffer` (or, of a BSP round, its chunk
-        sends `sent` already on their way), and the order to every other server to send its shard."""
-        w = reply.worker
-        head = np.zeros(self.reply_len)
-        pack(head[:len(PULL_FIELDS)], PULL_FIELDS, version=reply.version, stop=1.0 if reply.stop else 0.0,
-             flush=float(self.flush_asked[w]), redo=float(redo))
-        if self.sfb_bsp:
-            head[len(PULL_FIELDS):] = self.round_mask
-        self.flush_asked[w] = False
-        last = self.coordinator.pushes[w] + 1 >= self.coordinator.limits[w]  # its next push is its last
-        pending = self.store.reply(w, buffer, reply.stop, head, sent, last)
-        self.peers.order(ReplyOrder(w, reply.stop))
-        self.last_heard[w] = t
-        self.alive.told(self.ctx.worker_rank(w), t)
-        self.trace.append("pulls", worker=w, t_request=self.pull_requested[w], t_reply=t, version=reply.version)
-        return pending
 
     def _whole_model(self, velocity: bool = False) -> np.ndarray:
         """The parameters as of now (with `velocity`, the optimizer state too, in ``whole_velocity``):
@@ -257,11 +233,11 @@ class Server:
     def _watchdog(self, now: float) -> None:
         """Name a worker that owes us a message and has been silent longer than the stall timeout."""
         timeout = self.job.runtime.stall_timeout_s
-        waiting_on, left = self.store.replying_to(), self.coordinator.left
+        waiting_on, coordinator, last_heard = self.store.replying_to(), self.coordinator, self.host.last_heard
         for w in range(self.n):
-            owes = w in waiting_on or (w not in left and w not in self.policy.held)
-            if owes and now - self.last_heard[w] > timeout:
-                raise StallError(f"worker rank {self.ctx.worker_rank(w)} silent for {now - self.last_heard[w]:.1f} s "
+            owes = w in waiting_on or coordinator.owes_push(w)
+            if owes and now - last_heard[w] > timeout:
+                raise StallError(f"worker rank {self.ctx.worker_rank(w)} silent for {now - last_heard[w]:.1f} s "
                                  f"(runtime.stall_timeout_s = {timeout}); it may have died or hung",
                                  [self.ctx.worker_rank(w)])
 
@@ -271,8 +247,8 @@ class Server:
         dead or stopped server, not on a long hold, nor on a wait for slower workers to finish (a
         worker that stopped more than the stall timeout before the last one named the server, alive)
         (``protocol.ALIVE_TAG``)."""
-        left = self.coordinator.left
-        self.alive.tick(now, [self.ctx.worker_rank(w) for w in range(self.n) if w in left or w in self.policy.held])
+        owes = self.coordinator.owes_push
+        self.host.alive.tick(now, [self.ctx.worker_rank(w) for w in range(self.n) if not owes(w)])
 
     def _take_other_messages(self) -> bool:
         """Take the statistics of workers that have stopped, and the other servers' keep-alives and
@@ -332,7 +308,7 @@ class Server:
         a checkpoint counts."""
         params, velocity = whole if whole is not None else (self._whole_model(velocity=True), self.whole_velocity)
         self.recorder.checkpoint(t, params, velocity, self.coordinator, self.policy)
-        self.flush_asked[:] = True  # the workers flush theirs at their next reply
+        self.host.flush_asked[:] = True  # the workers flush theirs at their next reply
         self.unflushed[:] = [s is None for s in self.stats]
         self._flushed(None)
 
@@ -394,8 +370,8 @@ class Server:
         if self.fetches is not None:  # every worker has had its stop reply: no fetch is coming
             self.fetches.close()
         stats = self._collect_stats()
-        self.alive.part([self.ctx.worker_rank(w) for w in range(self.n)])
-        self.alive.wait(self.ctx.backoff())
+        self.host.alive.part([self.ctx.worker_rank(w) for w in range(self.n)])
+        self.host.alive.wait(self.ctx.backoff())
         self.peers.wait_sends(self.ctx.backoff())
         summary = self.recorder.summary(
             wall, self.coordinator, self.policy, stats, hybrid=self.layout.hybrid_plan,
