@@ -22,8 +22,8 @@ import numpy as np
 from mpi4py import MPI
 
 from .host import Host
-from .probe import NO_PROBE
 from .orders import ApplyOrder, EndOrder, Order, RejectOrder, ReplyOrder, RoundOrder, SnapshotOrder
+from .probe import NO_PROBE
 from ..transport.protocol import SNAP_TAG, ProtocolError
 
 
