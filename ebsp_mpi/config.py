@@ -167,9 +167,10 @@ class RuntimeConfig:
                                "0: 512 KiB where every rank has a core, else 4 MiB", min=0)
     wait_free_backprop: bool = _opt(True, "push each gradient chunk as soon as the backward pass has written it "
                                           "(Poseidon's WFBP), not after the whole backward pass")
-    stream_rounds: bool = _opt(True, "BSP: apply and send back each chunk of a round once every worker of the "
-                                     "round has pushed it, while later chunks still arrive; false: once every "
-                                     "push is whole")
+    stream_rounds: bool | str = _opt("auto", "BSP: apply and send back each chunk of a round once every worker "
+                                             "of the round has pushed it, while later chunks still arrive; false: "
+                                             "once every push is whole; \"auto\": where a worker is on another "
+                                             "node than its server", words=("auto",))
 
 
 @dataclass
@@ -368,13 +369,13 @@ _TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str:
 
 def _coerce(f: dataclasses.Field, hint, value, key: str, source: str):
     words = f.metadata.get("words")
-    if words:  # a number, or one of a few words in its place (sync.zipline_z = "auto")
+    if words:  # a number or true/false, or one of a few words in its place (sync.zipline_z = "auto")
+        hint = next(a for a in typing.get_args(hint) if a is not str)
         if isinstance(value, str):
             if value not in words:
-                raise ConfigError(f"{source}: {key} = {value!r}: must be a number or one of "
+                raise ConfigError(f"{source}: {key} = {value!r}: must be {_TYPE_WORDS[hint]} or one of "
                                   f"{', '.join(repr(w) for w in words)}")
             return value
-        hint = float
     if typing.get_origin(hint) is list:
         (item,) = typing.get_args(hint)
         if not isinstance(value, list):

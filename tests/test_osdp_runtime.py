@@ -336,14 +336,16 @@ def test_bsp_with_on_demand_layers_equals_the_oracle(choices, overlap, wire, ora
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("choices", [(2, 1, 0), (1, 1, 1)], ids=["split-ondemand-resident", "all-ondemand"])
-def test_bsp_with_on_demand_layers_from_two_servers_equals_the_oracle(choices, oracle, tmp_path):
+@pytest.mark.parametrize("choices, stream", [((2, 1, 0), "true"), ((1, 1, 1), "auto")],
+                         ids=["split-ondemand-resident-streamed", "all-ondemand"])
+def test_bsp_with_on_demand_layers_from_two_servers_equals_the_oracle(choices, stream, oracle, tmp_path):
     """Units that span both shards come in one reply from each server; their gradients go to the owner
-    of each chunk. With every layer on demand no pull reply carries a chunk: a fetch of the next round
-    must still wait until the shard server has closed the round (it read the weights before it)."""
+    of each chunk. With every layer on demand no pull reply carries a chunk, and with streamed rounds
+    every resident chunk may have gone before the round closes: a fetch of the next round must still
+    wait until the shard server has closed the round (it read the weights before it)."""
     plan = digits_plan(tmp_path, choices, True)
     p = train(5, tmp_path / "osdp", f"osdp.plan={plan}", "runtime.servers=2", "runtime.chunk_bytes=4096", *ORACLE,
-              timeout=240)
+              f"runtime.stream_rounds={stream}", timeout=240)
     assert p.returncode == 0, p.stderr
     assert max_abs_difference(tmp_path / "osdp", oracle) <= 1e-5
     s = json.loads((tmp_path / "osdp" / "summary.json").read_text())

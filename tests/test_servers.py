@@ -89,7 +89,8 @@ def oracle(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("wire", [pytest.param(["runtime.chunk_bytes=4096"], marks=pytest.mark.mpi_impl),
-                                  ["comm.hybrid=sfb"]], ids=["ps", "sfb"])
+                                  ["runtime.chunk_bytes=4096", "runtime.stream_rounds=true"],
+                                  ["comm.hybrid=sfb"]], ids=["ps", "ps-streamed", "sfb"])
 def test_bsp_with_two_servers_equals_the_oracle_and_bsp_with_one_server(wire, oracle, tmp_path):
     """The release rule (docs/design.md, "Sharded servers"): under BSP every server answers with exactly
     the round, so BSP with k servers equals BSP with one (and the oracle) up to float summation order."""

@@ -35,6 +35,20 @@ from ..transport.polling import wait_all
 from ..transport.protocol import CHUNK_TAG0, ProtocolError
 
 
+def streams(setting: bool | str, ctx) -> bool:
+    """Whether this server streams its rounds (``runtime.stream_rounds``): as set, or with ``"auto"``
+    where some worker runs on another node than this server. Over a network link streaming lets the
+    two directions overlap (one server alone at 200 Mbit/s: 0.57 of the bound closed whole, 0.72
+    streamed; docs/cluster.md). Through shared memory there are no two directions to overlap, and MPI
+    copies a chunk only while both ends poll: `bench ps` on one node reached 0.32 - 0.55 x raw MPI
+    streamed against 0.51 - 0.71 closed whole (medians; docs/performance.md). Hosts not known: one
+    node."""
+    if setting != "auto":
+        return bool(setting)
+    here = ctx.hosts[ctx.rank] if ctx.hosts else None
+    return bool(ctx.hosts) and any(ctx.hosts[ctx.worker_rank(w)] != here for w in range(ctx.workers))
+
+
 class ClosedRound(NamedTuple):
     """A round's end on one server: each recipient's chunk sends (to join its reply), and whether the
     weights went twice (the reply header's ``redo``)."""
@@ -53,7 +67,7 @@ class RoundStream:
     version : int
         The model version the next round is applied at (its learning rate): 0, or a checkpoint's.
     early : bool
-        Apply and send chunks before the round closes (``runtime.stream_rounds``); False: every chunk
+        Apply and send chunks before the round closes (:func:`streams`); False: every chunk
         at the close, as one step after the last push.
     """
 

@@ -27,7 +27,7 @@ from ...nn.shard_update import ShardUpdate
 from ...nn.staleness import StalenessRule
 from ...nn.versions import VersionStore
 from .push_receives import Arrivals, PushReceives
-from .round_stream import ClosedRound, RoundStream
+from .round_stream import ClosedRound, RoundStream, streams
 from ..transport.failures import JobFailure
 from ..transport.hybrid import PS, ByteCounter, Stacked
 from ..transport.protocol import CHUNK_TAG0, PULL_TAG, PUSH, Shard
@@ -96,7 +96,7 @@ class ShardStore:
         # messages counted one by one, their bytes added up when the counts are read (_settle_counts)
         self.sends_of_chunk: dict[int, list[int]] = {}  # chunk index -> [reply sends, bytes each]
         self.bytes.defer(self._settle_counts)
-        self.stream = RoundStream(self, version, job.runtime.stream_rounds) if round_based else None
+        self.stream = RoundStream(self, version, streams(job.runtime.stream_rounds, ctx)) if round_based else None
         # a streamed round paces the pushes (expect_push), but not OSDP's: a worker sends an on-demand
         # unit's gradient from its fetch buffer and waits for that send before it fetches the next unit
         # into it, so a receive posted later than the send would never be posted (a hang, seen)
