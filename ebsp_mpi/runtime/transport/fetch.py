@@ -4,9 +4,9 @@
 A worker holds an on-demand unit (a layer, or a slice of one) only while an item computes with it,
 in one preallocated fetch buffer (``plan.osdp_schedule``). Every message runs on a persistent request
 made once, on a fixed place of that buffer: the fetch of item i (to each server that holds part of
-the unit, a one-value request naming the unit, and the receive of its part of the weights) and the
-push of its gradient (one send per chunk of the unit, to the chunk's owner, with the chunk's tag: the
-server takes them as part of the push, like any chunk). With one server a fetch is two messages;
+the unit, a request naming the unit and the worker's model version, and the receive of its part of
+the weights) and the push of its gradient (one send per chunk of the unit, to the chunk's owner, with
+the chunk's tag: the server takes them as part of the push, like any chunk). With one server a fetch is two messages;
 with k, two per server the unit spans (``Layout.unit_pieces``). On a GPU without CUDA-aware MPI the
 requests run on a host mirror of the buffer, copied to and from the device around them.
 
