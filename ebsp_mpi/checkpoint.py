@@ -155,7 +155,7 @@ def read_checkpoint(run_dir, arrays: bool = True) -> Checkpoint:
                 return values
 
             empty = np.empty(0, dtype=np.float32)
-            return Checkpoint(
+            ckpt = Checkpoint(
                 params=read("params") if arrays else empty, velocity=read("velocity") if arrays else empty,
                 version=int(f.attrs["version"]), run_seconds=float(f.attrs["run_seconds"]),
                 iterations=read("iterations"),
@@ -167,6 +167,24 @@ def read_checkpoint(run_dir, arrays: bool = True) -> Checkpoint:
                 identity=json.loads(f.attrs["identity_json"]) if "identity_json" in f.attrs else None)
     except (OSError, KeyError, ValueError, TypeError) as e:
         raise UsageError(f"{path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
+    _check_counts(path, ckpt)
+    return ckpt
+
+
+def _check_counts(path: Path, ckpt: Checkpoint) -> None:
+    """The counts a resume trusts agree with each other: a worker's iterations are its pushes in the
+    policy's state, and every per-worker total has one value a worker. A checksum only says the file is
+    as written; a checkpoint written unverified (format 1) or by a faulty writer could still disagree,
+    and the run would resume on counts that are not the model's."""
+    iterations = [int(i) for i in ckpt.iterations]
+    done = ckpt.policy.get("done") if isinstance(ckpt.policy, dict) else None
+    if done is not None and [int(d) for d in done] != iterations:
+        raise UsageError(_damaged(path, f"its iterations {iterations} disagree with the sync policy's pushes "
+                                        f"{[int(d) for d in done]}"))
+    for name, values in ckpt.totals.items():
+        if len(values) != len(iterations):
+            raise UsageError(_damaged(path, f"its total {name!r} has {len(values)} values for "
+                                            f"{len(iterations)} workers"))
 
 
 def _damaged(path: Path, what: str) -> str:

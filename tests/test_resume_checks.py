@@ -215,6 +215,28 @@ def test_a_plan_file_replaced_since_the_checkpoint_is_refused(tmp_path):
     assert files_of(run) == before
 
 
+@pytest.mark.parametrize("fmt", [1, 2], ids=["unverified", "with checksums"])
+def test_a_checkpoint_whose_counts_disagree_is_refused_in_one_line(tmp_path, fmt):
+    """Written with iterations that are not the policy's pushes (a faulty writer, or format 1 with no
+    checksum at all), a checkpoint resumed into a coordinator's ValueError traceback on rank 0."""
+    ckpt = checkpoint_of()
+    ckpt.policy["done"] = [7, 5]
+    write_checkpoint(tmp_path, ckpt)
+    if fmt == 1:
+        with h5py.File(tmp_path / CHECKPOINT_FILE, "a") as f:
+            f.attrs["format"] = 1
+    with pytest.raises(UsageError, match=r"its iterations \[7, 6\] disagree with the sync policy's pushes \[7, 5\]"):
+        read_checkpoint(tmp_path)
+
+
+def test_a_checkpoint_with_a_total_short_of_a_worker_is_refused(tmp_path):
+    ckpt = checkpoint_of()
+    ckpt.totals["compute_s"] = np.full(1, 0.25)
+    write_checkpoint(tmp_path, ckpt)
+    with pytest.raises(UsageError, match="its total 'compute_s' has 1 values for 2 workers"):
+        read_checkpoint(tmp_path)
+
+
 def test_a_checkpoint_written_before_checksums_is_read_unverified(tmp_path, caplog):
     """Format 1 carried no checksums: a run checkpointed before them still resumes, with a warning."""
     write_checkpoint(tmp_path, checkpoint_of())
