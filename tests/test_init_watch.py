@@ -86,5 +86,5 @@ def test_the_init_deadline_takes_ascii_seconds_within_bounds(text, monkeypatch):
 
     monkeypatch.setenv("EBSP_MPI_INIT_TIMEOUT_S", text)
     """'٥' was read as 5 s; 0.001 s ended every run, its line blaming the MPICH settings."""
-    with pytest.raises(UsageError, match="EBSP_MPI_INIT_TIMEOUT_S = .*: expected seconds from 1 to 604800"):
+    with pytest.raises(UsageError, match=r"EBSP_MPI_INIT_TIMEOUT_S = .*: expected seconds from 1 to 604800"):
         _start_mpi()

@@ -5,6 +5,7 @@ rule that leaves nothing to do (a finished run, or a stop below what was done)."
 
 import argparse
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -63,7 +64,7 @@ def test_a_checkpoint_with_damaged_parameters_is_refused(tmp_path):
 
 def test_a_checkpoint_that_is_a_directory_is_named_as_such(tmp_path):
     (tmp_path / CHECKPOINT_FILE).mkdir()
-    with pytest.raises(UsageError, match="is not a file .a directory.., so not a checkpoint"):
+    with pytest.raises(UsageError, match=re.escape("is not a file (a directory?), so not a checkpoint")):
         read_checkpoint(tmp_path)
 
 
@@ -83,7 +84,7 @@ def test_a_damaged_model_file_is_refused_when_read_back(tmp_path):
     tensors, attrs = read_model(tmp_path / "model.h5")
     assert tensors["dense1.W"].shape == (100, 100) and attrs["version"] == 3
     zero_bytes_of(tmp_path / "model.h5", "dense1.W", count=20_000)
-    with pytest.raises(UsageError, match="tensor dense1.W does not match the checksum"):
+    with pytest.raises(UsageError, match=re.escape("tensor dense1.W does not match the checksum")):
         read_model(tmp_path / "model.h5")
 
 

@@ -537,15 +537,15 @@ def test_make_policy_errors():
     with pytest.raises(ValueError, match="unknown sync model 'sssp'") as err:
         make_policy(sync("sssp"), 3)
     assert all(name in str(err.value) for name in POLICIES)
-    with pytest.raises(ValueError, match="staleness must be a non-negative integer.*-1"):
+    with pytest.raises(ValueError, match=r"staleness must be a non-negative integer.*-1"):
         make_policy(sync("ssp", staleness=-1), 3)
     with pytest.raises(ValueError, match="staleness"):
         make_policy(sync("dssp", staleness=-2), 3)
-    with pytest.raises(ValueError, match="staleness.*1.5"):
+    with pytest.raises(ValueError, match=r"staleness.*1\.5"):
         make_policy(sync("ssp", staleness=1.5), 3)
-    with pytest.raises(ValueError, match="staleness.*True"):
+    with pytest.raises(ValueError, match=r"staleness.*True"):
         make_policy(sync("ssp", staleness=True), 3)
-    with pytest.raises(ValueError, match="dssp_range.*-1"):
+    with pytest.raises(ValueError, match=r"dssp_range.*-1"):
         make_policy(sync("dssp", dssp_range=-1), 3)
     with pytest.raises(ValueError, match="at least one worker"):
         make_policy(sync("bsp"), 0)
