@@ -165,6 +165,11 @@ def test_simulate_times_every_policy_against_the_bare_loop(tmp_path):
     records, out = run_bench(tmp_path, "simulate", "--workers", "8", "--iterations", "20")
     check_records(records, "simulate")
     assert len(records) == 6 and {r["reference"] for r in records} == {"bare heapq loop"}
+    assert "8 workers x 20 iterations = 160 pushes" in out
+    # the barriers column says each timed simulation ran the iterations asked: BSP one a superstep, ASP none
+    barriers = {row.split("|")[0].strip(): row.split("|")[-1].split()[0] for row in out.splitlines()
+                if row.count("|") == 3}
+    assert barriers["bsp"] == "20" and barriers["asp"] == "0", out
 
 
 def test_simulate_train_times_the_emulation_against_the_same_gradients_in_a_bare_loop(tmp_path):
