@@ -107,7 +107,7 @@ def test_backward_overwrites_param_grads():
 
 
 def naive_conv(x, w, b, stride, padding):
-    n, c, h, wd = x.shape
+    n, _, h, wd = x.shape
     o, _, kh, kw = w.shape
     xp = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
     ho, wo = (h + 2 * padding - kh) // stride + 1, (wd + 2 * padding - kw) // stride + 1

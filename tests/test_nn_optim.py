@@ -239,7 +239,7 @@ def test_mlp_training_drives_loss_down():
     model = build_model("mlp", (10,), 3, hidden=(16,), seed=0)
     opt = SGD(model.space.size, momentum=0.9)
     loss0, _ = model.evaluate(x, y)
-    for step in range(150):
+    for _ in range(150):
         idx = rng.integers(0, 600, size=32)
         model.loss_and_grad(x[idx], y[idx])
         opt.step(model.space.data, model.space.grad, 0.05)

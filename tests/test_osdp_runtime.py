@@ -146,7 +146,7 @@ def test_a_layer_in_slices_equals_the_whole_layer(layer, in_shape):
     x, dy = rng.normal(size=(4, *in_shape)), rng.normal(size=(4, *out_shape))
     y = whole.forward(x, True)
     dx = whole.backward(dy, need_dx=True)
-    rows, per_row = W.shape[0], W[0].size
+    rows = W.shape[0]  # a slice is whole rows of W: Dense's inputs, Conv2D's output channels
     conv = isinstance(sliced, Conv2D)
     for s, need_dx in itertools.product(range(1, rows + 1), (True, False)):
         bounds = np.cumsum([0] + [len(r) for r in np.array_split(np.arange(rows), s)])
