@@ -55,10 +55,10 @@ def test_stream_epoch_is_a_permutation_minus_a_tail():
 def test_stream_deterministic_from_arguments():
     a = draw(BatchStream(200, 8, worker=1, workers=3, seed=5), 40)
     b = draw(BatchStream(200, 8, worker=1, workers=3, seed=5), 40)
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         numpy.testing.assert_array_equal(x, y)
     c = draw(BatchStream(200, 8, worker=1, workers=3, seed=6), 40)
-    assert any(not numpy.array_equal(x, y) for x, y in zip(a, c))
+    assert any(not numpy.array_equal(x, y) for x, y in zip(a, c, strict=True))
 
 
 def test_stream_reshuffles_every_epoch():

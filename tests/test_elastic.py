@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -103,7 +104,8 @@ def test_a_worker_that_leaves_is_dropped_from_the_barrier():
     assert policy.held == {1}
     assert pushes(policy, [(0, 8.0)]) == [(0, 1)]
     members = tables(policy)["barrier_members"]
-    assert math.isnan([m for m in members if m["worker"] == 2][0]["arrival_t"])
+    (left,) = [m for m in members if m["worker"] == 2]  # one barrier so far, which worker 2 left before
+    assert math.isnan(left["arrival_t"])
 
 
 def test_leave_of_the_last_missing_member_releases_the_held():
@@ -263,7 +265,7 @@ def test_staleness_within_a_superstep_is_bounded():
     steady = before_first_leave(run)
     assert len(steady) >= 5
     cuts = [0.0] + [b["t_released"] for b in steady]
-    for start, end in zip(cuts, cuts[1:]):
+    for start, end in itertools.pairwise(cuts):
         per_worker = [sum(1 for t, w, _ in run.pushes if w == v and start < t <= end) for v in range(4)]
         # monitoring: until the slowest pushed twice (<= rho·2 pushes of the fastest), then <= R
         assert min(per_worker) >= min_pushes + 1

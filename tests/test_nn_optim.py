@@ -15,7 +15,7 @@ FUSED = [False, pytest.param(True, marks=needs_numba)]
 def reference_sgd(p, grads, lrs, mu, nesterov, wd):
     """Plain per-step PyTorch-convention SGD in float64."""
     p, v = p.copy(), np.zeros_like(p)
-    for g, lr in zip(grads, lrs):
+    for g, lr in zip(grads, lrs, strict=True):
         g = g + wd * p
         if mu:
             v = mu * v + g
@@ -39,7 +39,7 @@ def test_sgd_matches_reference(mu, nesterov, wd, size, fused):
     lrs = [0.1, 0.05, 0.2, 0.01]
     opt = SGD(size, momentum=mu, nesterov=nesterov, weight_decay=wd, dtype=np.float64, fused=fused)
     p = p0.copy()
-    for g, lr in zip(grads, lrs):
+    for g, lr in zip(grads, lrs, strict=True):
         g_before = g.copy()
         opt.step(p, g, lr)
         np.testing.assert_array_equal(g, g_before)      # grad is never modified
@@ -291,7 +291,8 @@ def test_training_the_digits_mlp_never_loads_numba(tmp_path):
     import sys
 
     code = ("import sys; from ebsp_mpi.cli import main; "
-            f"main(['train', '--set', 'stop.iterations=3', '--set', 'stop.epochs=0', '-q', '--out', {str(tmp_path / 'run')!r}]); "
+            "main(['train', '--set', 'stop.iterations=3', '--set', 'stop.epochs=0', '-q', "
+            f"'--out', {str(tmp_path / 'run')!r}]); "
             "print('numba' in sys.modules)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr

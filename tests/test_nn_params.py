@@ -17,7 +17,7 @@ def test_layout_is_contiguous_in_forward_order():
     space = ParamSpace(SPECS)
     assert [v.name for v in space.tensors] == [s.name for s in SPECS]
     offset = 0
-    for v, s in zip(space.tensors, SPECS):
+    for v, s in zip(space.tensors, SPECS, strict=True):
         assert (v.offset, v.size, v.shape) == (offset, int(np.prod(s.shape)), s.shape)
         offset += v.size
     assert space.size == offset == 108 + 4 + 80 + 5

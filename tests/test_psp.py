@@ -91,7 +91,8 @@ def test_samples_do_not_depend_on_the_order_they_are_drawn_in():
     assert [backward.draw(7, c) for c in reversed(pushes)][::-1] == forward
     shuffled = np.random.default_rng(0).permutation(list(pushes)).tolist()
     scattered = PSP(40, sample=3, seed=5)
-    assert dict(zip(shuffled, [scattered.draw(7, c) for c in shuffled], strict=True)) == dict(zip(pushes, forward))
+    drawn = [scattered.draw(7, c) for c in shuffled]
+    assert dict(zip(shuffled, drawn, strict=True)) == dict(zip(pushes, forward, strict=True))
 
 
 class OneByOne(PSP):
