@@ -298,7 +298,8 @@ def test_labels_come_from_the_sweep_manifest_or_the_sync_parameters(tmp_path):
     assert model_label({"sync": {"model": "elasticbsp", "lookahead": 8, "penalty": 0.5}}) == "elasticbsp(R=8,λ=0.5)"
     assert model_label({"sync": {"model": "elasticbsp", "lookahead": 3, "penalty": 0.0, "zipline_z": 1.5,
                                  "predictor": "median"}}) == "elasticbsp(R=3,z=1.5,median)"
-    assert model_label({"sync": {"model": "elasticbsp", "lookahead": 3, "zipline_z": "auto"}}) == "elasticbsp(R=3,z=auto)"
+    assert (model_label({"sync": {"model": "elasticbsp", "lookahead": 3, "zipline_z": "auto"}})
+            == "elasticbsp(R=3,z=auto)")
     assert model_label({"sync": {"model": "elasticbsp", "lookahead": 3, "zipline_z": 0.0}}) == "elasticbsp(R=3)"
     assert model_label({"sync": {"model": "elasticbsp", "lookahead": 15, "zipline_z": "auto", "predictor": "ema",
                                  "overdue": "widen"}}) == "elasticbsp(R=15,z=auto,ema,overdue=widen)"

@@ -283,8 +283,8 @@ def test_row_blocks_shrink_towards_the_end_and_cover_every_row(n, rows, blocks):
 
 def test_cnn_structure_skips_pool_below_two_pixels():
     model = build_model("cnn", (1, 8, 8), 10, channels=(2, 2, 2, 2))
-    assert sum(isinstance(l, MaxPool2D) for l in model.layers) == 3
-    assert sum(isinstance(l, Conv2D) for l in model.layers) == 4
+    assert sum(isinstance(layer, MaxPool2D) for layer in model.layers) == 3
+    assert sum(isinstance(layer, Conv2D) for layer in model.layers) == 4
     assert model.space.param("dense1.W").shape == (2, 128)
     assert model.forward(np.zeros((3, 1, 8, 8))).shape == (3, 10)
 

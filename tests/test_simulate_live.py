@@ -16,9 +16,9 @@ import pytest
 
 pytest.importorskip("pandas")  # the analysis extra; the Open MPI pass of .ci/run installs only the test extra
 
-from ebsp_mpi.analysis.metrics import worker_stats  # noqa: E402 - needs pandas
-from ebsp_mpi.trace.frames import load_run  # noqa: E402
-from mpirun import child_env, train  # noqa: E402
+from ebsp_mpi.analysis.metrics import worker_stats
+from ebsp_mpi.trace.frames import load_run
+from mpirun import child_env, train
 
 #: relative difference allowed between the live run and its replay, per worker
 TOLERANCE = 0.10

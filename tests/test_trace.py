@@ -434,9 +434,9 @@ def test_rows_a_kill_kept_from_the_file_are_recorded_as_lost_on_resume(tmp_path)
         warnings.simplefilter("ignore")
         problems = load_run(tmp_path).problems
     assert [p for p in problems if "have no rows" in p] == [
-        f"{path}: iterations 6-8 have no rows: the run was killed after its checkpoint counted them and before "
-        "this rank wrote them (the model has their work)",
-        f"{path}: iterations 11-13 have no rows: the run was killed after its checkpoint counted them and before "
-        "this rank wrote them (the model has their work)"]
+        (f"{path}: iterations 6-8 have no rows: the run was killed after its checkpoint counted them and before "
+         "this rank wrote them (the model has their work)"),
+        (f"{path}: iterations 11-13 have no rows: the run was killed after its checkpoint counted them and before "
+         "this rank wrote them (the model has their work)")]
     # compare names them from the attributes alone (ebsp_mpi.analysis.cli.run_compare)
     assert lost_iterations(tmp_path) == [p for p in problems if "have no rows" in p]
