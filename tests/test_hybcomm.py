@@ -109,7 +109,7 @@ def test_a_misspelt_comm_hybrid_is_one_line_and_exit_2(tmp_path):
 def test_sfb_on_a_model_with_no_dense_layer_is_refused_in_one_line():
     job = load_job(None, ["comm.hybrid=sfb"])
     model = Model([Conv2D(10, 3), ReLU(), Flatten()], (1, 3, 3), 10)
-    with pytest.raises(UsageError, match="comm.hybrid = 'sfb': .*needs a dense layer; this model has none"):
+    with pytest.raises(UsageError, match=r"comm\.hybrid = 'sfb': .*needs a dense layer; this model has none"):
         build.hybrid_plan(job, model, 2)
     assert build.hybrid_plan(load_job(None, ["comm.hybrid=auto"]), model, 2)[0] == set()  # auto: all PS
 
