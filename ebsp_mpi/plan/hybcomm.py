@@ -53,22 +53,21 @@ by P2 (exact for P2 = 1; over a whole model, byte balancing gives each server ab
 
 SFB's fixed cost per layer (``comm.sfb_overhead_bytes``)
 ------------------------------------------------------
-Bytes alone misjudge small layers. Across namespace nodes at 1 Gbit/s, 2 – 4 workers, K = 32, SFB
-was slower than PS at 128 × 128 (1.04 – 3.1 × PS's time in 12 runs) although its busiest rank
-moves 56 – 62 % fewer bytes, and faster from 256 × 256 (docs/cluster.md, "Poseidon on a network").
-What SFB adds there is not bytes and not arithmetic: rebuilding a 128 × 128 gradient from 128 factor
-rows takes 75 µs on one core (:func:`~ebsp_mpi.nn.factors.rebuild_gradient`), while an iteration of
-SFB took 0.2 – 2.7 ms longer than PS's. That extra is the SFB path itself, each iteration and layer:
-two messages per destination (V and U) to every other worker and the server, the receives of the
-others' factors, and the step every worker takes on its own; with 16 × 16 layers, whose bytes are
-negligible, it was 0.6 – 0.9 ms an iteration on a machine otherwise idle, whatever the workers (2 – 4).
+Bytes alone misjudge small layers. Across namespace nodes at 1 Gbit/s, K = 32, 2 – 4 workers, SFB took
+1.11 – 1.76 × PS's time at 128 × 128 (3 runs) although its busiest rank moves 56 – 62 % fewer bytes,
+and 0.11 – 0.81 × from 256 × 256 up (docs/cluster.md, "Poseidon on a network"). What SFB adds at
+128 × 128, 0.3 – 1.9 ms an iteration, is neither bytes nor arithmetic: rebuilding the gradient from
+the round's 64 – 128 factor rows takes 58 – 75 µs on one core (:func:`~ebsp_mpi.nn.factors.rebuild_gradient`).
+It is the SFB path itself, each iteration and layer: two messages (V and U) to every other worker and
+to the server, the receives of the others' factors, and the step each worker takes on its own, where
+PS's layer rides in the push and the reply that carry the other tensors anyway.
 
 The timed model prices it as a fixed cost **c bytes-equivalent per SFB layer per iteration** on each
 rank that rebuilds the layer: the worker; under BSP the layer's server once a round (c / P2 as its
 share), under the other models once per push (c·P1 / P2). ``auto`` then compares the busiest rank's
-bytes + c against PS's bytes. PS is left as it is: its layer rides in the push and the reply that
-carry the other tensors anyway. At large layers c vanishes against the megabytes, and the choice is
-Poseidon's byte model again; ``c = 0`` is that model exactly. The crossover in the batch becomes
+bytes + c against PS's bytes, which stay as they are. At large layers c vanishes against the
+megabytes, and the choice is Poseidon's byte model again; ``c = 0`` is that model exactly. The
+crossover in the batch becomes
 
 - synchronous: **K*_c = K* − c / (4·(2·P1−1)·(M+N))**; asynchronous: **K*_c = K* − c / (4·(M+N))**
 
@@ -101,12 +100,13 @@ MODES = ("ps", "sfb", "auto")
 
 #: SFB's fixed cost per layer and iteration on a rank that rebuilds the layer, in bytes-equivalent
 #: (bytes the busiest rank would move in the same time); the default of ``comm.sfb_overhead_bytes``.
-#: Measured with ``bench hybcomm`` across 5 namespace nodes, every link at 1 Gbit/s (tc tbf), 2 cores,
-#: K = 32, 2 – 4 workers, one server: SFB was slower at 128 × 128 (2 – 4 workers) and 192 × 192 (2, 3)
-#: and faster at 192 × 192 (4 workers) and from 256 × 256 up. The byte differences (PS's busiest rank
-#: less SFB's) are 639 kB at the widest loss (192 × 192, 3 workers) and 836 kB at the narrowest win
-#: (192 × 192, 4 workers); 720 KiB lies between them. On one node, or at another link rate, the
-#: bytes-equivalent differs: set the key, or 0 for Poseidon's byte model.
+#: Measured with ``bench hybcomm`` across 5 namespace nodes, every link at 1 Gbit/s (tc tbf), on 2 shared
+#: cores, K = 32, 2 – 4 workers, one server: SFB was slower at 128 × 128 in 6 runs of 6, faster from
+#: 256 × 256 to 2048 × 2048 in 3 of 3; at 192 × 192 it was faster in 5 of 6 runs with 4 workers and in
+#: 2 of 6 with 2 and with 3 (SFB / PS time 0.78 – 1.23: a tie within the runs' noise). The gaps in
+#: bytes (PS's busiest rank less SFB's) are 639 kB at 192 × 192 with 3 workers and 836 kB with 4;
+#: 720 KiB lies between, keeping PS where SFB won less than half the runs. It is a bytes-equivalent of
+#: time at that link rate and load: on one node, or at another rate, set the key (0: bytes alone).
 SFB_OVERHEAD_BYTES = 720 * 1024
 
 
