@@ -58,7 +58,7 @@ Bytes alone misjudge small layers. Across namespace nodes at 1 Gbit/s, K = 32, 2
 and 0.11 – 0.81 × from 256 × 256 up (docs/cluster.md, "Poseidon on a network"). What SFB adds at
 128 × 128, 0.3 – 1.9 ms an iteration, is neither bytes nor arithmetic: rebuilding the gradient from
 the round's 64 – 128 factor rows takes 58 – 75 µs on one core (:func:`~ebsp_mpi.nn.factors.rebuild_gradient`).
-It is the SFB path itself, each iteration and layer: two messages (V and U) to every other worker and
+What remains is the SFB path itself, each iteration and layer: two messages (V and U) to every other worker and
 to the server, the receives of the others' factors, and the step each worker takes on its own, where
 PS's layer rides in the push and the reply that carry the other tensors anyway.
 
