@@ -219,7 +219,8 @@ def hybrid_plan(job: JobConfig, model: Model, workers: int) -> tuple[set[str], d
     try:
         # the servers share every layer's traffic: the cost model prices a push by the busiest server's share
         plan = choose(layers, batch=job.data.batch_size, workers=workers, servers=job.runtime.servers,
-                      synchronous=round_based(job.sync), mode=job.comm.hybrid)
+                      synchronous=round_based(job.sync), mode=job.comm.hybrid,
+                      sfb_overhead_bytes=job.comm.sfb_overhead_bytes)
     except ValueError as e:
         raise ModelError(f"comm.hybrid = {job.comm.hybrid!r}: {e}") from None
     return set(plan.sfb_layers), plan.as_dict()

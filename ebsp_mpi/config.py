@@ -28,6 +28,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 from .errors import UsageError
+from .plan.hybcomm import SFB_OVERHEAD_BYTES
 from .straggler import SlowPhase, straggler_model
 
 
@@ -182,8 +183,14 @@ class TraceConfig:
 @dataclass
 class CommConfig:
     hybrid: str = _opt("ps", "per dense layer, send the gradient through the server (ps), its sufficient factors "
-                             "(sfb; Poseidon's HybComm), or whichever moves fewer bytes (auto)",
+                             "(sfb; Poseidon's HybComm), or whichever costs its busiest rank less (auto): bytes, "
+                             "and for sfb also comm.sfb_overhead_bytes",
                        choices=("ps", "sfb", "auto"))
+    sfb_overhead_bytes: float = _opt(float(SFB_OVERHEAD_BYTES),
+                                     "auto: sfb's fixed cost per dense layer and iteration, in bytes-equivalent, "
+                                     "added to its bytes (the default: measured across nodes at 1 Gbit/s, where "
+                                     "sfb starts to pay between 192 and 256 wide at batch 32); 0: bytes alone, "
+                                     "Poseidon's model", min=0.0)
 
 
 @dataclass

@@ -453,9 +453,9 @@ def test_hybcomm_asks_for_a_server_and_two_workers():
 def test_hybcomm_counts_exactly_the_bytes_the_cost_model_predicts(tmp_path):
     from ebsp_mpi.plan.hybcomm import ps_bytes, sfb_bytes
 
-    # 64x32 at K = 4: SFB moves fewer bytes (auto takes it); 8x4 at K = 16: PS does
+    # 64x32 at K = 4: SFB moves fewer bytes (auto by bytes alone takes it); 8x4 at K = 16: PS does
     records, out = run_bench(tmp_path, "hybcomm", "--shapes", "64x32:4,8x4:16", "--iterations", "5",
-                             "--warmup", "1", ranks=3, timeout=60)
+                             "--warmup", "1", "--set", "comm.sfb_overhead_bytes=0", ranks=3, timeout=60)
     check_records(records, "hybcomm")
     rows = hybcomm_rows(out)
     assert [(r[0], r[1], r[2], r[3]) for r in rows] == [
@@ -480,6 +480,10 @@ def test_hybcomm_counts_exactly_the_bytes_the_cost_model_predicts(tmp_path):
     crossover = out[out.index("crossover:"):]
     assert "64x32, K = 4: measured " in crossover and "P* = 10.67 nodes" in crossover
     assert "8x4, K = 16: measured " in crossover and "moves fewer bytes from none up to 2" in crossover
+    # what auto planned from (bytes + the fixed cost its runs weighed, 0 here), and its score against time
+    assert "auto, bytes + 0 B per SFB layer: SFB from 2 workers (K*_c = 28.4 at 2)" in crossover
+    assert "auto, bytes + 0 B per SFB layer: SFB from none up to 2 (K*_c = 3.6 at 2)" in crossover
+    assert "auto chose the scheme measured faster in " in crossover and " of 2 cases" in crossover
 
 
 @pytest.mark.slow

@@ -94,7 +94,10 @@ def test_the_byte_counters_equal_the_formulas(model, hybrid, tmp_path):
 @pytest.mark.parametrize("hybrid", ["sfb", "auto"])
 @pytest.mark.parametrize("model", ["bsp", "asp", "ssp", "dssp", "elasticbsp"])
 def test_every_sync_model_trains_the_digits_mlp_with_hybrid_communication(model, hybrid, tmp_path):
-    p = train(4, tmp_path, f"sync.model={model}", f"comm.hybrid={hybrid}", "optim.momentum=0.5")
+    # auto by bytes alone, which puts dense1.W on SFB: the measured fixed cost would send this small
+    # model's layers through the server, and the factors' path would go untested
+    bytes_alone = ["comm.sfb_overhead_bytes=0"] if hybrid == "auto" else []
+    p = train(4, tmp_path, f"sync.model={model}", f"comm.hybrid={hybrid}", "optim.momentum=0.5", *bytes_alone)
     assert p.returncode == 0, p.stderr
     s = summary(tmp_path)
     assert s["test_accuracy"] >= 0.95
@@ -117,11 +120,28 @@ def test_sfb_on_a_model_with_no_dense_layer_is_refused_in_one_line():
 def test_auto_plans_for_the_servers_the_job_has():
     """comm.hybrid = auto prices a layer's traffic at the busiest server: with runtime.servers = 2 each
     server carries half of the PS traffic, and under BSP the digits MLP's dense1.W then goes through
-    the servers, where one server would take it as sufficient factors."""
+    the servers, where one server would take it as sufficient factors (by bytes alone)."""
     chosen = {}
     for servers in (1, 2):
-        job = load_job(None, ["comm.hybrid=auto", "sync.model=bsp", f"runtime.servers={servers}"])
+        job = load_job(None, ["comm.hybrid=auto", "sync.model=bsp", f"runtime.servers={servers}",
+                              "comm.sfb_overhead_bytes=0"])
         names, plan = build.hybrid_plan(job, build.model(job, build.dataset(job)), 3)
         assert plan["servers"] == servers
         chosen[servers] = names
     assert "dense1.W" in chosen[1] and "dense1.W" not in chosen[2]
+
+
+def test_auto_weighs_sfbs_fixed_cost_from_the_job():
+    """The job's comm.sfb_overhead_bytes reaches the plan: by default (measured at 1 Gbit/s) the digits
+    MLP's small layers all go through the server under BSP with 3 workers; at 0, bytes alone put
+    dense1.W on SFB."""
+    from ebsp_mpi.plan import SFB_OVERHEAD_BYTES
+
+    plans = {}
+    for extra in ([], ["comm.sfb_overhead_bytes=0"]):
+        job = load_job(None, ["comm.hybrid=auto", "sync.model=bsp", *extra])
+        plans[bool(extra)] = build.hybrid_plan(job, build.model(job, build.dataset(job)), 3)
+    names, plan = plans[False]
+    assert names == set() and plan["sfb_overhead_bytes"] == SFB_OVERHEAD_BYTES
+    names, plan = plans[True]
+    assert "dense1.W" in names and plan["sfb_overhead_bytes"] == 0.0

@@ -8,8 +8,8 @@ import math
 import pytest
 
 from ebsp_mpi.plan import (
-    Cost, HybCommPlan, choose, crossover_batch, crossover_workers, poseidon_ps_bytes, poseidon_sfb_bytes,
-    ps_bytes, sfb_bytes,
+    SFB_OVERHEAD_BYTES, Cost, HybCommPlan, choose, crossover_batch, crossover_batch_timed, crossover_workers,
+    poseidon_ps_bytes, poseidon_sfb_bytes, ps_bytes, sfb_bytes, sfb_overhead,
 )
 
 MB = 1e6  # Poseidon's Table 1 counts MB as 10**6 bytes
@@ -164,6 +164,87 @@ def test_crossover_batch_found_by_the_model(m, n, workers, servers, synchronous)
     sfb_batches = [k for k in range(1, 200)
                    if choose([("w", m, n, True)], k, workers, servers, synchronous).scheme("w") == "sfb"]
     assert sfb_batches == list(range(1, math.ceil(k_star)))
+
+
+# --- SFB's fixed cost per layer (the timed model) -------------------------------------------------------
+
+def square(d: int, k: int, workers: int) -> str:
+    """auto's scheme, with the measured default fixed cost, for a d × d layer at batch k under BSP."""
+    return choose([("w", d, d, True)], k, workers, 1, True, sfb_overhead_bytes=SFB_OVERHEAD_BYTES).scheme("w")
+
+
+@pytest.mark.parametrize("workers", [2, 3, 4])
+def test_auto_keeps_ps_at_128_wide_where_sfb_was_measured_slower(workers):
+    # bytes alone pick SFB here (K* = 73 - 85 > 32); measured across nodes at 1 Gbit/s SFB took
+    # longer than PS with 2, 3 and 4 workers
+    assert choose([("w", 128, 128, True)], 32, workers, 1, True).scheme("w") == "sfb"
+    assert square(128, 32, workers) == "ps"
+
+
+@pytest.mark.parametrize("d", [256, 512, 1024, 2048, 4096])
+@pytest.mark.parametrize("workers", [2, 3, 4])
+def test_auto_takes_sfb_from_256_wide(d, workers):
+    assert square(d, 32, workers) == "sfb"
+
+
+@pytest.mark.parametrize("workers", [2, 3, 4])
+def test_auto_keeps_the_byte_models_choice_for_the_default_bench_shapes(workers):
+    assert square(4096, 8, workers) == "sfb"
+    narrow = choose([("w", 16, 256, True)], 64, workers, 1, True, sfb_overhead_bytes=SFB_OVERHEAD_BYTES)
+    assert narrow.scheme("w") == "ps"  # 256 x 16 at K = 64 (IN x OUT; M x N = 16 x 256)
+
+
+DIGITS = [("dense1.W", 128, 64, True), ("dense1.b", 1, 128, False), ("dense2.W", 64, 128, True),
+          ("dense2.b", 1, 64, False), ("dense3.W", 10, 64, True), ("dense3.b", 1, 10, False)]
+WIDE = [("dense1.W", 4096, 4096, True), ("dense1.b", 1, 4096, False), ("dense2.W", 10, 4096, True),
+        ("dense2.b", 1, 10, False)]
+
+
+@pytest.mark.parametrize("workers", [2, 3, 4])
+def test_auto_over_two_models(workers):
+    # the digits MLP 64-128-64-10: every layer through the servers (bytes alone put dense1.W and
+    # dense2.W on SFB); the wide MLP 4096-4096-10: its 4096 x 4096 layer by factors, the head by PS
+    digits = choose(DIGITS, 32, workers, sfb_overhead_bytes=SFB_OVERHEAD_BYTES)
+    assert digits.sfb_layers == ()
+    assert choose(DIGITS, 32, workers).sfb_layers == ("dense1.W", "dense2.W")
+    assert choose(WIDE, 32, workers, sfb_overhead_bytes=SFB_OVERHEAD_BYTES).sfb_layers == ("dense1.W",)
+
+
+def test_the_fixed_cost_by_hand():
+    # BSP: c on the worker, c / P2 on the server (one rebuild a round); async: c·P1 / P2 (one per push)
+    assert sfb_overhead(4, 2, True, 1000.0) == Cost(worker=1000.0, server=500.0)
+    assert sfb_overhead(4, 2, False, 1000.0) == Cost(worker=1000.0, server=2000.0)
+    layer = choose([("w", 128, 128, True)], 32, 2, sfb_overhead_bytes=1000.0).layers[0]
+    assert layer.sfb == sfb_bytes(128, 128, 32, 2)  # the bytes stay the bytes: the cost is beside them
+    assert layer.sfb_overhead == Cost(1000.0, 1000.0)
+    assert choose([("w", 128, 128, True)], 32, 2).as_dict()["sfb_overhead_bytes"] == 0.0
+
+
+@pytest.mark.parametrize("m, n, workers, servers, synchronous, c", [
+    (128, 128, 2, 1, True, SFB_OVERHEAD_BYTES),   # K*_c = 85.3 - 737280 / (4·3·256) = 85.3 - 240 < 1: never
+    (512, 512, 4, 1, True, SFB_OVERHEAD_BYTES),   # 292.6 - 737280 / (4·7·1024) = 266.9
+    (256, 256, 3, 2, True, 100_000.0),            # more servers than one: 2·65536·1.5/(5·512) - 100000/(4·5·512)
+    (300, 200, 4, 1, False, 50_000.0),            # async: 120 - 50000 / 2000 = 95
+    (64, 64, 2, 1, True, 0.0),                    # c = 0: the byte model's K* = 42.7
+])
+def test_crossover_batch_timed_found_by_choose(m, n, workers, servers, synchronous, c):
+    k_star = crossover_batch_timed(m, n, workers, servers, synchronous, c)
+    copies = (2 * workers - 1) if synchronous else 1
+    assert k_star == pytest.approx(max(0.0, crossover_batch(m, n, workers, servers, synchronous)
+                                        - c / (4 * copies * (m + n))))
+    sfb_batches = [k for k in range(1, 400) if choose([("w", m, n, True)], k, workers, servers, synchronous,
+                                                      sfb_overhead_bytes=c).scheme("w") == "sfb"]
+    assert sfb_batches == list(range(1, math.ceil(k_star)))
+
+
+def test_crossover_batch_timed_without_cost_is_the_byte_models():
+    assert crossover_batch_timed(100, 50, 4, 1, True, 0.0) == crossover_batch(100, 50, 4, 1, True)
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("inf"), float("nan"), True, "1e5"])
+def test_bad_overhead(bad):
+    with pytest.raises(ValueError, match=r"comm.sfb_overhead_bytes = .*: must be a finite number >= 0"):
+        choose(MODEL, batch=32, workers=4, sfb_overhead_bytes=bad)
 
 
 # --- errors ------------------------------------------------------------------------------------------

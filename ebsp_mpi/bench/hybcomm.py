@@ -22,8 +22,11 @@ Per run the table shows:
   same shape and workers.
 
 Then, per shape, the measured crossover (the fewest workers at which SFB's time beats PS's) beside
-Poseidon's P* = 2MN / (K(M+N)) (colocated servers) and this topology's byte model (SFB moves fewer
-bytes on the busiest rank exactly when K < K*, ``plan.hybcomm.crossover_batch``).
+Poseidon's P* = 2MN / (K(M+N)) (colocated servers), this topology's byte model (SFB moves fewer
+bytes on the busiest rank exactly when K < K*, ``plan.hybcomm.crossover_batch``) and what ``auto``
+plans from, bytes plus SFB's fixed cost ``comm.sfb_overhead_bytes`` (K < K*_c,
+``plan.hybcomm.crossover_batch_timed``); last, in how many cases auto's plan for the layer is the
+scheme measured faster.
 """
 
 from __future__ import annotations
@@ -213,10 +216,27 @@ def print_results(results: dict, shapes, counts, args) -> None:
     for shape in shapes:
         print("  " + crossover_line(shape, counts, results, args.margin))
     print()
+    print(auto_line(results, shapes, counts))
+    print()
+
+
+def auto_line(results: dict, shapes, counts) -> str:
+    """Whether ``auto``'s plan for each layer is the scheme that was measured faster (sfb's time / ps's
+    below 1: sfb), case by case."""
+    wrong = []
+    for shape in shapes:
+        for p in counts:
+            chose = results[shape, p, "auto"]["plan"]["layers"][results[shape, p, "auto"]["layer"]]["scheme"]
+            ratio = results[shape, p, "sfb"]["seconds"] / results[shape, p, "ps"]["seconds"]
+            if chose != ("sfb" if ratio < 1 else "ps"):
+                wrong.append(f"{label(shape)} K={shape[2]} P1={p} (chose {chose}, sfb / ps time {ratio:.3f})")
+    cases = len(shapes) * len(counts)
+    return (f"auto chose the scheme measured faster in {cases - len(wrong)} of {cases} cases"
+            + (f"; not in {', '.join(wrong)}" if wrong else ""))
 
 
 def crossover_line(shape, counts, results, margin: float) -> str:
-    from ..plan.hybcomm import crossover_batch, crossover_workers, ps_bytes, sfb_bytes
+    from ..plan.hybcomm import crossover_batch, crossover_batch_timed, crossover_workers, ps_bytes, sfb_bytes
 
     d_in, d_out, k = shape
     m, n = d_out, d_in
@@ -224,13 +244,18 @@ def crossover_line(shape, counts, results, margin: float) -> str:
     ratios = {p: results[shape, p, "sfb"]["seconds"] / results[shape, p, "ps"]["seconds"] for p in counts}
     faster = [p for p in counts if ratios[p] < 1 - margin]
     fewer = [p for p in counts if sfb_bytes(m, n, k, p).busiest < ps_bytes(m, n, p).busiest]
+    c = results[shape, top, "auto"]["plan"]["sfb_overhead_bytes"]  # what auto's runs weighed
+    cheaper = [p for p in counts if k < crossover_batch_timed(m, n, p, overhead_bytes=c)]
     measured = f"{faster[0]} workers" if faster else f"none up to {top}"
     predicted = f"{fewer[0]} workers" if fewer else f"none up to {top}"
+    timed = f"{cheaper[0]} workers" if cheaper else f"none up to {top}"
     kstar = ", ".join(f"{crossover_batch(m, n, p):.1f} at {p}" for p in counts)
+    kstar_c = ", ".join(f"{crossover_batch_timed(m, n, p, overhead_bytes=c):.1f} at {p}" for p in counts)
     times = ", ".join(f"{r:.3f} at {p}" for p, r in ratios.items())
     return (f"{label(shape)}, K = {k}: measured {measured} (sfb / ps time: {times}); Poseidon's P* = "
             f"{crossover_workers(m, n, k):.2f} nodes (SFB moves fewer bytes below it); this topology: SFB's "
-            f"busiest rank moves fewer bytes from {predicted} (K* = {kstar} workers; SFB wins when K < K*)")
+            f"busiest rank moves fewer bytes from {predicted} (K* = {kstar} workers; SFB wins when K < K*); "
+            f"auto, bytes + {c:,.0f} B per SFB layer: SFB from {timed} (K*_c = {kstar_c})")
 
 
 def main(argv=None, records: list | None = None) -> int:

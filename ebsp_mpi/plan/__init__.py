@@ -14,10 +14,10 @@ See docs/design.md, "Hybrid communication" and "OSDP".
 """
 
 from .hybcomm import (
-    FLOAT_BYTES, MODES, SCHEMES, Cost, HybCommPlan, LayerChoice, choose, crossover_batch, crossover_workers,
-    poseidon_ps_bytes, poseidon_sfb_bytes, ps_bytes, sfb_bytes,
+    FLOAT_BYTES, MODES, SCHEMES, SFB_OVERHEAD_BYTES, Cost, HybCommPlan, LayerChoice, choose, crossover_batch,
+    crossover_batch_timed, crossover_workers, poseidon_ps_bytes, poseidon_sfb_bytes, ps_bytes, sfb_bytes, sfb_overhead,
 )
 
 __all__ = ["FLOAT_BYTES", "MODES", "SCHEMES", "Cost", "HybCommPlan", "LayerChoice", "choose",
-           "ps_bytes", "sfb_bytes", "crossover_batch",
+           "ps_bytes", "sfb_bytes", "crossover_batch", "SFB_OVERHEAD_BYTES", "sfb_overhead", "crossover_batch_timed",
            "poseidon_ps_bytes", "poseidon_sfb_bytes", "crossover_workers"]

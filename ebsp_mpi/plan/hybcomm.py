@@ -51,12 +51,36 @@ by P2 (exact for P2 = 1; over a whole model, byte balancing gives each server ab
 - asynchronous: **K* = MN / (M+N)** — both schemes scale by the same max(1, P1/P2), so the comparison
   is K·(M+N) + MN against 2·MN, whatever P1 and P2.
 
+SFB's fixed cost per layer (``comm.sfb_overhead_bytes``)
+------------------------------------------------------
+Bytes alone misjudge small layers. Across namespace nodes at 1 Gbit/s, K = 32, 2 – 4 workers, SFB took
+1.11 – 1.76 × PS's time at 128 × 128 (3 runs) although its busiest rank moves 56 – 62 % fewer bytes,
+and 0.11 – 0.81 × from 256 × 256 up (docs/cluster.md, "Poseidon on a network"). What SFB adds at
+128 × 128, 0.3 – 1.9 ms an iteration, is neither bytes nor arithmetic: rebuilding the gradient from
+the round's 64 – 128 factor rows takes 58 – 75 µs on one core (:func:`~ebsp_mpi.nn.factors.rebuild_gradient`).
+What remains is the SFB path itself, each iteration and layer: two messages (V and U) to every other worker and
+to the server, the receives of the others' factors, and the step each worker takes on its own, where
+PS's layer rides in the push and the reply that carry the other tensors anyway.
+
+The timed model prices it as a fixed cost **c bytes-equivalent per SFB layer per iteration** on each
+rank that rebuilds the layer: the worker; under BSP the layer's server once a round (c / P2 as its
+share), under the other models once per push (c·P1 / P2). ``auto`` then compares the busiest rank's
+bytes + c against PS's bytes, which stay as they are. At large layers c vanishes against the
+megabytes, and the choice is Poseidon's byte model again; ``c = 0`` is that model exactly. The
+crossover in the batch becomes
+
+- synchronous: **K*_c = K* − c / (4·(2·P1−1)·(M+N))**; asynchronous: **K*_c = K* − c / (4·(M+N))**
+
+(:func:`crossover_batch_timed`). :data:`SFB_OVERHEAD_BYTES`, the default of ``comm.sfb_overhead_bytes``,
+is the value that separates the measured winners: see its comment.
+
 The choice
 ----------
 :func:`choose` gives a :class:`HybCommPlan`: per weight tensor its scheme and its predicted
-:class:`Cost` under both schemes. ``auto`` picks, per dense layer, the scheme whose busiest rank moves
-fewer bytes (a tie goes to ``ps``: the plainer path); ``sfb`` puts every dense layer on SFB; ``ps``
-none. Biases and conv layers go through the servers whatever the mode.
+:class:`Cost` under both schemes. ``auto`` picks, per dense layer, the scheme whose busiest rank costs
+less: bytes, plus ``sfb_overhead_bytes`` for SFB (a tie goes to ``ps``: the plainer path); ``sfb``
+puts every dense layer on SFB; ``ps`` none. Biases and conv layers go through the servers whatever
+the mode.
 """
 
 from __future__ import annotations
@@ -73,6 +97,17 @@ SCHEMES = ("ps", "sfb")
 
 #: the values of ``comm.hybrid``
 MODES = ("ps", "sfb", "auto")
+
+#: SFB's fixed cost per layer and iteration on a rank that rebuilds the layer, in bytes-equivalent
+#: (bytes the busiest rank would move in the same time); the default of ``comm.sfb_overhead_bytes``.
+#: Measured with ``bench hybcomm`` across 5 namespace nodes, every link at 1 Gbit/s (tc tbf), on 2 shared
+#: cores, K = 32, 2 – 4 workers, one server: SFB was slower at 128 × 128 in 6 runs of 6, faster from
+#: 256 × 256 to 2048 × 2048 in 3 of 3; at 192 × 192 it was faster in 5 of 6 runs with 4 workers and in
+#: 2 of 6 with 2 and with 3 (SFB / PS time 0.78 – 1.23: a tie within the runs' noise). The gaps in
+#: bytes (PS's busiest rank less SFB's) are 639 kB at 192 × 192 with 3 workers and 836 kB with 4;
+#: 720 KiB lies between, keeping PS where SFB won less than half the runs. It is a bytes-equivalent of
+#: time at that link rate and load: on one node, or at another rate, set the key (0: bytes alone).
+SFB_OVERHEAD_BYTES = 720 * 1024
 
 
 @dataclass(frozen=True)
@@ -279,6 +314,62 @@ def crossover_batch(m: int, n: int, workers: int, servers: int = 1, synchronous:
     return 2 * m * n * max(workers, servers) / (servers * (2 * workers - 1) * (m + n))
 
 
+def _overhead_bytes(value) -> float:
+    """``value`` as a float >= 0, or a ValueError naming ``comm.sfb_overhead_bytes``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value >= 0 or value == float("inf"):
+        raise ValueError(f"comm.sfb_overhead_bytes = {value!r}: must be a finite number >= 0")
+    return float(value)
+
+
+def sfb_overhead(workers: int, servers: int = 1, synchronous: bool = True,
+                 overhead_bytes: float = SFB_OVERHEAD_BYTES) -> Cost:
+    """SFB's fixed cost of one dense layer per iteration, in bytes-equivalent, for a worker and a server.
+
+    A worker pays ``overhead_bytes`` once an iteration (its messages of the layer, the receives, its
+    own step). Under BSP the layer's server rebuilds once a round; under the other models once per
+    push, ``workers`` times; one server's share is that divided by ``servers``, as in :func:`sfb_bytes`.
+
+    Parameters
+    ----------
+    workers, servers : int
+        P1 worker ranks and P2 server ranks.
+    synchronous : bool
+        True under BSP.
+    overhead_bytes : float
+        c, bytes-equivalent per SFB layer and rebuild (``comm.sfb_overhead_bytes``; 0: none).
+
+    Returns
+    -------
+    Cost
+        Bytes-equivalent per iteration, to add to :func:`sfb_bytes`'s.
+    """
+    workers, servers = _ranks(workers, servers)
+    c = _overhead_bytes(overhead_bytes)
+    rebuilds = 1 if synchronous else workers
+    return Cost(worker=c, server=c * rebuilds / servers)
+
+
+def crossover_batch_timed(m: int, n: int, workers: int, servers: int = 1, synchronous: bool = True,
+                          overhead_bytes: float = SFB_OVERHEAD_BYTES) -> float:
+    """The per-worker batch below which SFB's bytes plus its fixed cost c are less than PS's bytes.
+
+    Synchronous: K*_c = K* − c / (4·(2·P1−1)·(m+n)); asynchronous: K*_c = K* − c / (4·(m+n)), with K*
+    from :func:`crossover_batch` (SFB's fixed cost adds to the same rank and role that its bytes make
+    the busiest, so the comparison stays linear in K). ``auto`` with ``sfb_overhead_bytes = c`` picks
+    SFB exactly when K < K*_c. With c = 0 it is :func:`crossover_batch`.
+
+    Returns
+    -------
+    float
+        Samples per worker (not rounded); 0 where SFB never wins.
+    """
+    m, n = _shape(m, n)
+    workers, servers = _ranks(workers, servers)
+    c = _overhead_bytes(overhead_bytes)
+    copies = (2 * workers - 1) if synchronous else 1  # factor sets the busiest worker moves
+    return max(0.0, crossover_batch(m, n, workers, servers, synchronous) - c / (FLOAT_BYTES * copies * (m + n)))
+
+
 # --- the per-layer choice ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -299,6 +390,9 @@ class LayerChoice:
         Bytes per iteration through the servers.
     sfb : Cost or None
         Bytes per iteration by sufficient factors; None where SFB does not apply (not dense).
+    sfb_overhead : Cost or None
+        SFB's fixed cost per iteration in bytes-equivalent (:func:`sfb_overhead`), which ``auto`` adds
+        to ``sfb``; None where SFB does not apply.
     """
 
     name: str
@@ -308,6 +402,7 @@ class LayerChoice:
     scheme: str
     ps: Cost
     sfb: Cost | None
+    sfb_overhead: Cost | None = None
 
     @property
     def cost(self) -> Cost:
@@ -316,7 +411,8 @@ class LayerChoice:
 
     def as_dict(self) -> dict:
         return {"scheme": self.scheme, "m": self.m, "n": self.n, "dense": self.dense,
-                "ps": self.ps.as_dict(), "sfb": None if self.sfb is None else self.sfb.as_dict()}
+                "ps": self.ps.as_dict(), "sfb": None if self.sfb is None else self.sfb.as_dict(),
+                "sfb_overhead": None if self.sfb_overhead is None else self.sfb_overhead.as_dict()}
 
 
 @dataclass(frozen=True)
@@ -333,6 +429,8 @@ class HybCommPlan:
         True under BSP.
     layers : tuple of LayerChoice
         In the order given.
+    sfb_overhead_bytes : float
+        c, SFB's fixed cost per layer in bytes-equivalent that ``auto`` weighed (0: bytes alone).
     """
 
     mode: str
@@ -341,6 +439,7 @@ class HybCommPlan:
     servers: int
     synchronous: bool
     layers: tuple[LayerChoice, ...]
+    sfb_overhead_bytes: float = 0.0
 
     @property
     def schemes(self) -> dict[str, str]:
@@ -367,6 +466,7 @@ class HybCommPlan:
         """Plain data for the log, the trace attributes and summary.json (bytes per iteration)."""
         return {"mode": self.mode, "batch": self.batch, "workers": self.workers, "servers": self.servers,
                 "synchronous": self.synchronous, "float_bytes": FLOAT_BYTES,
+                "sfb_overhead_bytes": self.sfb_overhead_bytes,
                 "layers": {c.name: c.as_dict() for c in self.layers}, "total": self.total().as_dict()}
 
 
@@ -385,17 +485,18 @@ def _layer(spec: Sequence) -> tuple[str, int, int, bool]:
     return name, m, n, dense
 
 
-def _pick(mode: str, ps: Cost, sfb: Cost | None) -> str:
+def _pick(mode: str, ps: Cost, sfb: Cost | None, overhead: Cost | None) -> str:
     if sfb is None or mode == "ps":
         return "ps"
     if mode == "sfb":
         return "sfb"
-    # auto: the busiest rank sets the layer's communication time; a tie keeps the plainer path
-    return "sfb" if sfb.busiest < ps.busiest else "ps"
+    # auto: the busiest rank sets the layer's communication time, SFB's fixed cost included; a tie
+    # keeps the plainer path
+    return "sfb" if (sfb + overhead).busiest < ps.busiest else "ps"
 
 
 def choose(layers: Iterable[Sequence], batch: int, workers: int, servers: int = 1,
-           synchronous: bool = True, mode: str = "auto") -> HybCommPlan:
+           synchronous: bool = True, mode: str = "auto", sfb_overhead_bytes: float = 0.0) -> HybCommPlan:
     """Choose PS or SFB for each weight tensor (Poseidon's HybComm, Sec. 3.2).
 
     Parameters
@@ -412,6 +513,9 @@ def choose(layers: Iterable[Sequence], batch: int, workers: int, servers: int = 
         (factor push, dense pull).
     mode : {"ps", "sfb", "auto"}
         ``comm.hybrid``.
+    sfb_overhead_bytes : float
+        c, SFB's fixed cost per layer and iteration in bytes-equivalent (``comm.sfb_overhead_bytes``,
+        whose default is :data:`SFB_OVERHEAD_BYTES`); 0, the default here: Poseidon's byte model.
 
     Returns
     -------
@@ -420,13 +524,14 @@ def choose(layers: Iterable[Sequence], batch: int, workers: int, servers: int = 
     Raises
     ------
     ValueError
-        A mode, count or layer that is not allowed (the message names it), two tensors of one name, or
-        ``mode="sfb"`` on a model without a dense layer.
+        A mode, count, overhead or layer that is not allowed (the message names it), two tensors of one
+        name, or ``mode="sfb"`` on a model without a dense layer.
     """
     if mode not in MODES:
         raise ValueError(f"comm.hybrid = {mode!r} is not one of {', '.join(map(repr, MODES))}")
     batch = _count("batch (K, per worker)", batch)
     workers, servers = _ranks(workers, servers)
+    overhead = sfb_overhead(workers, servers, synchronous, sfb_overhead_bytes)
     specs = [_layer(s) for s in layers]
     names = [s[0] for s in specs]
     twice = sorted({x for x in names if names.count(x) > 1})
@@ -438,5 +543,6 @@ def choose(layers: Iterable[Sequence], batch: int, workers: int, servers: int = 
     for name, m, n, dense in specs:
         ps = ps_bytes(m, n, workers, servers)
         sfb = sfb_bytes(m, n, batch, workers, servers, synchronous) if dense else None
-        choices.append(LayerChoice(name, m, n, dense, _pick(mode, ps, sfb), ps, sfb))
-    return HybCommPlan(mode, batch, workers, servers, bool(synchronous), tuple(choices))
+        extra = overhead if dense else None
+        choices.append(LayerChoice(name, m, n, dense, _pick(mode, ps, sfb, extra), ps, sfb, extra))
+    return HybCommPlan(mode, batch, workers, servers, bool(synchronous), tuple(choices), overhead.worker)
