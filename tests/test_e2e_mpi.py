@@ -95,10 +95,11 @@ def test_waiting_under_a_3x_straggler_bsp_ssp_asp(tmp_path):
     waits, held = {}, {}
     for model in ("bsp", "ssp", "asp"):
         out = tmp_path / model
-        # 30 iterations and strong jitter: SSP's slack of 3 iterations and its smoothing of the jitter
-        # keep its waits clearly (~15 %) below BSP's, far beyond run-to-run noise (~2 %)
-        p = train(4, out, f"sync.model={model}", "sync.staleness=3", "stop.iterations=30", *STRAGGLER[:2],
-                  "straggler.jitter_sigma=0.4")
+        # SSP saves its fast workers about the straggler's time for its slack (10 iterations of 30 ms),
+        # 0.43 s of BSP's 0.78 s: a pause of the machine in one run, which only adds waiting, is far
+        # smaller. (A slack of 3 iterations of 12 ms saved 0.06 s, and one pause in a CI run outweighed it.)
+        p = train(4, out, f"sync.model={model}", "sync.staleness=10", "stop.iterations=30", *STRAGGLER[:2],
+                  "straggler.base_s=0.01", "straggler.jitter_sigma=0.4")
         assert p.returncode == 0, p.stderr
         s = summary(out)
         waits[model] = float(np.mean(s["wait_seconds"][:2]))  # the two fast workers
