@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from ebsp_mpi.nn import SGD, build_model, kernels, make_schedule
+from ebsp_mpi.nn.average import round_mean
 
 needs_numba = pytest.mark.skipif(not kernels.AVAILABLE, reason="needs numba")
 FUSED = [False, pytest.param(True, marks=needs_numba)]
@@ -97,6 +98,48 @@ def test_fused_step_is_bit_identical_to_numpy(mu, nesterov, wd, dtype):
     assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
     assert np.array_equal(fused.velocity.view(np.uint8), numpy_path.velocity.view(np.uint8))
     assert not np.array_equal(a, p0)
+
+
+@needs_numba
+@pytest.mark.parametrize("mu,nesterov,wd", [
+    (0.0, False, 0.0), (0.0, False, 5e-4), (0.9, False, 0.0), (0.9, False, 5e-4),
+    (0.9, True, 0.0), (0.5, True, 1e-2),
+])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("k", [2, 3, 5])
+def test_fused_round_step_is_bit_identical_to_round_mean_then_step(mu, nesterov, wd, dtype, k):
+    """A BSP round's step with each element's mean formed in the loop (``SGD.step_mean``) gives the
+    parameters of ``round_mean`` then ``step`` to the bit: the oracle takes the second way."""
+    rng = np.random.default_rng(4)
+    size = 100_003
+    p0 = rng.normal(size=size).astype(dtype)
+    fused, numpy_path = (SGD(size, momentum=mu, nesterov=nesterov, weight_decay=wd, dtype=dtype, fused=f)
+                         for f in (True, False))
+    a, b = p0.copy(), p0.copy()
+    out = np.full(size, np.nan, dtype=dtype)
+    for lr in [0.1, 0.037, 1e-3]:
+        grads = [(rng.normal(size=size) * rng.uniform(1e-4, 10)).astype(dtype) for _ in range(k)]
+        fused.step_mean(a, grads, lr, out=out)
+        numpy_path.step(b, round_mean(grads, np.empty(size, dtype)), lr)
+    assert np.isnan(out).all()  # the fused loop ran: it never forms the mean in a buffer
+    assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+    assert np.array_equal(fused.velocity.view(np.uint8), numpy_path.velocity.view(np.uint8))
+
+
+@needs_numba
+def test_round_step_on_gradients_the_loop_does_not_take_forms_the_mean_as_round_mean_does():
+    rng = np.random.default_rng(5)
+    p = rng.standard_normal(40).astype(np.float32)
+    strided = np.repeat(rng.standard_normal(40).astype(np.float32), 2)[::2]
+    grads = [rng.standard_normal(40).astype(np.float32), strided]
+    expected = p.copy()
+    reference = SGD(40, momentum=0.9, fused=False)
+    fused = SGD(40, momentum=0.9, fused=True)
+    reference.step(expected, round_mean(grads, np.empty(40, np.float32)), 0.5)
+    out = np.empty(40, np.float32)
+    fused.step_mean(p, grads, 0.5, out=out)
+    assert np.array_equal(out, round_mean(grads, np.empty(40, np.float32)))
+    assert np.array_equal(p, expected)
 
 
 def _awkward_inputs(case: str):

@@ -57,9 +57,17 @@ def _loops() -> SimpleNamespace | None:
             sigs = [signature.replace("T", t) for t in ("f4", "f8")]
             return numba.njit(sigs, cache=True, nogil=True, boundscheck=False)(fn)
 
+        def lazy(fn):
+            # compiled per number of gradients on first use (a tuple's length is part of its type)
+            return numba.njit(cache=True, nogil=True, boundscheck=False)(fn)
+
+        global _mean_at
+        _mean_at = numba.njit(inline="always")(_mean_at_py)
         _compiled = SimpleNamespace(sgd=jit("void(T[::1], T[::1], T[::1])", _sgd),
                                     momentum=jit("void(T[::1], T[::1], T[::1], T[::1])", _momentum),
-                                    nesterov=jit("void(T[::1], T[::1], T[::1], T[::1])", _nesterov))
+                                    nesterov=jit("void(T[::1], T[::1], T[::1], T[::1])", _nesterov),
+                                    mean_sgd=lazy(_mean_sgd), mean_momentum=lazy(_mean_momentum),
+                                    mean_nesterov=lazy(_mean_nesterov))
     return _compiled
 
 
@@ -104,6 +112,88 @@ def _nesterov(p, g, v, coef):
             vi = v[i] * mu + gi
             v[i] = vi
             p[i] = (p[i] - gi * lr) - vi * lr_mu
+
+
+# -- a BSP round's step: the mean of the members' gradients, fused into the update ------------------
+#
+# ``round_mean`` then the step would pass over the data five times more than needed (sum, scale,
+# then read the mean again); these loops form each element's mean where they use it, with exactly
+# round_mean's operations: summed in worker order, then scaled by 1/k as a float32, in the array's
+# dtype. ``_INV`` is that scale.
+
+_INV = 4
+
+
+def _mean_at_py(gs, i, inv):
+    s = gs[0][i] + gs[1][i]
+    for j in range(2, len(gs)):
+        s = s + gs[j][i]
+    return s * inv
+
+
+_mean_at = _mean_at_py  # compiled to an inlined function with the loops (_loops)
+
+
+def _mean_sgd(p, gs, coef):
+    lr, wd, inv = coef[_LR], coef[_WD], coef[_INV]
+    if wd == 0:
+        for i in range(p.shape[0]):
+            p[i] = p[i] - _mean_at(gs, i, inv) * lr
+    else:
+        for i in range(p.shape[0]):
+            gi = p[i] * wd + _mean_at(gs, i, inv)
+            p[i] = p[i] - gi * lr
+
+
+def _mean_momentum(p, gs, v, coef):
+    lr, mu, wd, inv = coef[_LR], coef[_MU], coef[_WD], coef[_INV]
+    if wd == 0:
+        for i in range(p.shape[0]):
+            vi = v[i] * mu + _mean_at(gs, i, inv)
+            v[i] = vi
+            p[i] = p[i] - vi * lr
+    else:
+        for i in range(p.shape[0]):
+            gi = p[i] * wd + _mean_at(gs, i, inv)
+            vi = v[i] * mu + gi
+            v[i] = vi
+            p[i] = p[i] - vi * lr
+
+
+def _mean_nesterov(p, gs, v, coef):
+    lr, mu, wd, lr_mu, inv = coef[_LR], coef[_MU], coef[_WD], coef[_LR_MU], coef[_INV]
+    if wd == 0:
+        for i in range(p.shape[0]):
+            gi = _mean_at(gs, i, inv)
+            vi = v[i] * mu + gi
+            v[i] = vi
+            p[i] = (p[i] - gi * lr) - vi * lr_mu
+    else:
+        for i in range(p.shape[0]):
+            gi = p[i] * wd + _mean_at(gs, i, inv)
+            vi = v[i] * mu + gi
+            v[i] = vi
+            p[i] = (p[i] - gi * lr) - vi * lr_mu
+
+
+def make_mean_step(dtype, *, momentum: float, nesterov: bool, weight_decay: float):
+    """The fused step on a round's mean: a function ``step(p, grads, v, lr)`` that updates in place
+    exactly as ``round_mean`` of `grads` (a tuple of at least two gradients) then :func:`make_step`'s
+    step would. Every array must be a writable, 1-D, contiguous NumPy array of `dtype`: the caller
+    checks (a tuple's type is not checked by a signature; each length compiles once, then from the
+    cache). Not thread-safe, as :func:`make_step`."""
+    loops = _compiled or _loops()
+    coef = np.array([0.0, momentum, weight_decay, 0.0, 0.0], dtype=dtype)
+    kernel = loops.mean_sgd if momentum == 0 else loops.mean_nesterov if nesterov else loops.mean_momentum
+
+    def step(p, grads, v, lr):
+        # the float32 scale round_mean multiplies by, cast to the array's dtype as NumPy does
+        coef[_LR], coef[_LR_MU], coef[_INV] = lr, lr * momentum, np.float32(1.0 / len(grads))
+        if momentum == 0:
+            kernel(p, grads, coef)
+        else:
+            kernel(p, grads, v, coef)
+    return step
 
 
 def make_step(dtype, *, momentum: float, nesterov: bool, weight_decay: float):

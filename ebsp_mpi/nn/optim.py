@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy
 
 from . import kernels
+from .average import round_mean
 
 # Elements per block on the CPU: p, grad, velocity and the scratch block (4 x 256 KiB in float32)
 # stay in cache across the several ufunc passes of one block, so DRAM sees each array about once
@@ -67,8 +68,11 @@ class SGD:
         self.fused = (kernels.AVAILABLE and self.size >= FUSED_MIN_SIZE) if fused is None else bool(fused)
         if self.fused and xp is numpy:
             self.fused = kernels.warm_up(dtype)  # compile now, not in the first (timed) step
+        fused_here = self.fused and xp is numpy
         self._fused_step = kernels.make_step(dtype, momentum=self.momentum, nesterov=self.nesterov,
-                                             weight_decay=self.weight_decay) if self.fused and xp is numpy else None
+                                             weight_decay=self.weight_decay) if fused_here else None
+        self._fused_mean_step = kernels.make_mean_step(dtype, momentum=self.momentum, nesterov=self.nesterov,
+                                                       weight_decay=self.weight_decay) if fused_here else None
         # On CuPy, one elementwise kernel instead of up to seven: the step is bound by memory traffic
         self._device_step = _device_step(xp, self.momentum, self.nesterov, self.weight_decay)
 
@@ -107,6 +111,18 @@ class SGD:
                              self.velocity[offset + start:offset + stop],
                              self._scratch[:stop - start], lr)
 
+    def step_mean(self, params, grads: list, lr: float, *, offset: int = 0, out=None) -> None:
+        """One step on the mean of `grads` (a BSP round's: summed in list order, then scaled by 1/k),
+        bit for bit as ``step(params, round_mean(grads, out), lr)``; `out` is the mean's buffer where
+        it must be formed (None: a single gradient, or the fused loop, which forms each element's
+        mean where it uses it and never writes `out`)."""
+        n = params.shape[0]
+        velocity = self.velocity[offset:offset + n]
+        if self._fused_mean_step is not None and len(grads) > 1 and _fusable(params, grads, velocity):
+            self._fused_mean_step(params, tuple(grads), velocity, float(lr))
+            return
+        self.step(params, round_mean(grads, out), lr, offset=offset)
+
     def _step_block(self, p, g, v, s, lr):
         xp, mu, wd = self.xp, self.momentum, self.weight_decay
         if wd:
@@ -126,6 +142,15 @@ class SGD:
         else:
             xp.multiply(v, lr, out=s)
         xp.subtract(p, s, out=p)
+
+
+def _fusable(params, grads: list, velocity) -> bool:
+    """The fused loop on a round's mean takes these: writable, 1-D, contiguous NumPy arrays of one
+    dtype and length (the loop has no signature that would check them)."""
+    arrays = [params, velocity, *grads]
+    return (all(type(a) is numpy.ndarray and a.ndim == 1 and a.flags.c_contiguous for a in arrays)
+            and all(a.dtype == params.dtype and a.shape == params.shape for a in arrays)
+            and params.flags.writeable and velocity.flags.writeable)
 
 
 def _device_step(xp, momentum: float, nesterov: bool, weight_decay: float):

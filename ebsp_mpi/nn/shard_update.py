@@ -14,16 +14,16 @@ code. An asynchronous push, in order:
 4. the optimizer step over the shard.
 
 A BSP round is never stale: the mean of its members' gradients, summed in worker order
-(``nn.average.round_mean``), as one step at the rate of its version, over any slice of the shard at a
-time (a streamed round steps it chunk by chunk, docs/design.md "Streamed BSP rounds"): per element
-the same float operations as one step over the whole buffer.
+(``nn.average.round_mean``; ``SGD.step_mean`` forms it inside the step), as one step at the rate of
+its version, over any slice of the shard at a time (a streamed round steps it chunk by chunk,
+docs/design.md "Streamed BSP rounds"): per element the same float operations as one step over the
+whole buffer.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .average import round_mean
 from .kernels import all_finite
 from .staleness import StalenessRule
 from .versions import VersionStore
@@ -117,8 +117,10 @@ class ShardUpdate:
     def round_step(self, grads: list, s: slice, version: int) -> None:
         """Slice `s` (flat offsets within the shard) of a round's step: the mean of `grads` (the
         members' whole gradient buffers, in worker order) at the learning rate of `version`."""
-        mean = round_mean([g[s] for g in grads], self.mean_buf[s])
-        self._step(self.params[s], mean, self.lr_at(version), s.start)
+        if self.versions is not None:
+            self.versions.changing(self.versions.version + 1)
+        self.opt.step_mean(self.params[s], [g[s] for g in grads], self.lr_at(version), offset=s.start,
+                           out=self.mean_buf[s] if self.mean_buf is not None else None)
 
     def _step(self, params, step, lr: float, offset: int) -> None:
         if self.versions is not None:
