@@ -7,9 +7,11 @@ and each number k of workers at once (default 1 ... N-1; the other ranks sleep i
 - **round trip** through the real runtime: ``runtime.servers.server.Server`` and ``runtime.worker.Worker`` on
   ranks 0..k, a job whose model (an MLP on synthetic data, one hidden layer) has about P parameters,
   and workers whose :meth:`~ebsp_mpi.runtime.worker.loop.Worker.compute_gradient` returns at once, so that
-  an iteration is the push (chunks + header, persistent requests), the server's work (arrival with
-  ``Testsome``, the sync policy, the momentum SGD update; under BSP the reply goes
-  out from the parameters, under the other models from a snapshot of them) and the pull reply.
+  an iteration is the push (chunks + header, persistent requests; on one node the server reads the
+  gradient in place and only the header is a message, ``runtime.shared_pushes``, which ``--set
+  runtime.shared_pushes=false`` turns off), the server's work (arrival with ``Testsome``, the sync
+  policy, the momentum SGD update; under BSP the reply goes out from the parameters, under the other
+  models from a snapshot of them) and the pull reply.
   Figure: bytes moved per second, ``k * 2 * 4P`` per iteration over the median iteration time seen
   by the workers.
 - **raw MPI**, the reference, on the same ranks in the same run: each worker sends the same chunks and
@@ -103,11 +105,9 @@ class ServerWork:
         self.mean = np.empty(size, dtype=np.float32) if workers > 1 else None
 
     def step(self, grads: list[np.ndarray], params: np.ndarray, c) -> None:
-        from ..nn.average import round_mean
-
         piece = slice(c.start, c.stop)
-        mean = round_mean([g[piece] for g in grads], None if self.mean is None else self.mean[piece])
-        self.opt.step(params[piece], mean, self.lr, offset=c.start)
+        self.opt.step_mean(params[piece], [g[piece] for g in grads], self.lr, offset=c.start,
+                           out=None if self.mean is None else self.mean[piece])
 
 
 def raw_round_trips(comm, size: int, chunks: list, iterations: int, work: ServerWork | None = None,
@@ -496,8 +496,8 @@ def _print_one_server(found: dict, args) -> None:
         print()
     if found["cores"]:
         print("what the server's core does per round (medians): receive = MPI's copy of the push's "
-              "chunks (the receiver copies); step + reply sends = the chunked update, each chunk sent "
-              "when updated")
+              "chunks (the receiver copies; none for a push read in place); step + reply sends = the "
+              "chunked update, each chunk sent when updated")
         for case, core in found["cores"].items():
             print(f"  {case}: " + ", ".join(f"{name} {human(value, 's')}" for name, value in core.items()))
         print()
