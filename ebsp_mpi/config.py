@@ -172,6 +172,9 @@ class RuntimeConfig:
                                              "of the round has pushed it, while later chunks still arrive; false: "
                                              "once every push is whole; \"auto\": where a worker is on another "
                                              "node than its server", words=("auto",))
+    shared_pushes: bool = _opt(True, "a worker on a server's node leaves its gradient where the server reads it in "
+                                     "place (an MPI-3 shared window) instead of sending it; not with SFB layers, "
+                                     "OSDP on-demand layers, streamed rounds or gradients in device memory")
 
 
 @dataclass

@@ -75,6 +75,17 @@ def test_a_rank_sets_one_thread_and_mpich_eager_messages_only_under_mpi(monkeypa
     assert alone == {}
 
 
+def test_open_mpi_opens_shared_windows_with_sm_unless_the_user_chose():
+    """Open MPI would ask UCX for the window of pushes first, and each rank print an error where UCX
+    has no transport for it."""
+    env = {"OMPI_COMM_WORLD_SIZE": "3"}
+    prepare_rank_env(env)
+    assert env["OMPI_MCA_osc"] == "sm"
+    mine = {"OMPI_COMM_WORLD_SIZE": "3", "OMPI_MCA_osc": "ucx"}
+    prepare_rank_env(mine)
+    assert mine["OMPI_MCA_osc"] == "ucx"
+
+
 @pytest.mark.parametrize("env, ranks", [
     ({"PMI_SIZE": "12", "MPI_LOCALNRANKS": "5"}, 5),  # Hydra: this node's ranks
     ({"OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, 4),

@@ -24,7 +24,7 @@ def run_job(ctx, job, worker_class=None, read=None, probe=None):
     directory (traces, ``model.h5``) is deleted afterwards. `probe`: rank 0's ``ServerProbe``.
     """
     from ..run_description import read_osdp_plan
-    from ..runtime.launch import make_role
+    from ..runtime.launch import close_push_window, make_role
 
     ctx.servers = job.runtime.servers
     path = ctx.comm.bcast(tempfile.mkdtemp(prefix="ebsp-bench-") if ctx.rank == 0 else None, root=0)
@@ -33,7 +33,8 @@ def run_job(ctx, job, worker_class=None, read=None, probe=None):
                          plan=read_osdp_plan(job), probe=probe)
         summary = role.run()  # rank 0's collects the workers' statistics
         result = summary if ctx.rank == 0 else role
-        ctx.comm.Barrier()  # every trace file is closed
+        ctx.comm.Barrier()  # every trace file is closed, and no push is read any more
+        close_push_window(ctx)
         if ctx.rank == 0 and read is not None:
             result = (result, read(Path(path)))
     finally:

@@ -61,6 +61,18 @@ class Model:
         # Nothing consumes the gradient below the first layer with parameters: skip computing it.
         self._first_trainable = next((i for i, layer in enumerate(self.layers) if layer.tensor_names), 0)
 
+    def use_grad_buffer(self, buffer) -> None:
+        """Compute the gradient into `buffer` from now on (a flat array like ``space.grad``, e.g. memory
+        a server reads in place, ``runtime.transport.push_window``); what the gradient holds is kept."""
+        if buffer.shape != self.space.grad.shape or buffer.dtype != self.space.grad.dtype:
+            raise ValueError(f"gradient buffer of shape {buffer.shape} and {buffer.dtype}, expected "
+                             f"{self.space.grad.shape} and {self.space.grad.dtype}")
+        buffer[...] = self.space.grad
+        self.space.grad = buffer
+        for layer in self.layers:
+            if layer.tensor_names and all(self.space.holds(name) for name in layer.tensor_names):
+                layer.bind(self.space)
+
     def __repr__(self) -> str:
         inner = ", ".join(repr(layer) for layer in self.layers)
         return f"Model({self.kind}, in_shape={self.in_shape}, [{inner}], {self.space.size} params)"

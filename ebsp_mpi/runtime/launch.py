@@ -27,11 +27,13 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
+from ..backend import resolve_backend
 from ..checkpoint import Checkpoint, read_checkpoint
 from ..config import JobConfig, to_dict
 from ..errors import OutputError, UsageError
 from ..outputs import describe_run, make_run_dir, remove_if_unused, training_failed
 from ..run_description import OsdpPlan, describe
+from ..sync.registry import round_based
 from .rank.abort import abort
 from .rank.faults import fault_for
 from .rank.peer_death import watch_peers
@@ -44,6 +46,7 @@ from .transport.env import world_size_from_env
 from .transport.layout import make_layout
 from .transport.polling import wait_all, wait_collective
 from .transport.protocol import SETUP_TAG
+from .transport.push_window import open_push_window
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +77,7 @@ def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True, resume:
             error = (1, f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
     code = _set_up_outcome(ctx, error, run_dir if not resume else None, job.runtime.setup_timeout_s)
     if code:
+        close_push_window(ctx)
         return code
     try:
         restart_clock(ctx, Silence(job.runtime.stall_timeout_s, "the server (rank 0)", ranks=(0,)))
@@ -83,6 +87,7 @@ def run_mpi(job: JobConfig, out: str | None, show_progress: bool = True, resume:
         others = "a worker or server" if ctx.rank == 0 else "the server (rank 0)"
         wait_collective(ctx, ctx.comm.Ibarrier(), Silence(job.runtime.stall_timeout_s, others,
                                                                   ranks=() if ctx.rank == 0 else (0,)))
+        close_push_window(ctx)
     except BaseException as e:  # noqa: BLE001 - any failure must take the whole job down
         abort(ctx, e)
         return 1  # MPI_Abort ends the process; should it come back, this rank has still failed
@@ -186,8 +191,13 @@ def make_role(ctx, job: JobConfig, run_dir: Path, ckpt: Checkpoint | None = None
     The job is resolved here once into the run every role works from (``RunDescription``), with the
     layout of its messages on these ranks; `plan` is its OSDP plan as the command line read it
     (``read_osdp_plan``; None: the job names none)."""
-    description = describe(job, ctx.workers, plan, identity)
-    description = dataclasses.replace(description, layout=make_layout(ctx, description))
+    try:
+        description = describe(job, ctx.workers, plan, identity)
+        description = dataclasses.replace(description, layout=make_layout(ctx, description))
+    except BaseException:
+        _open_push_window(ctx, job, None)  # this node's other ranks learn that this one cannot
+        raise
+    ctx.push_window = _open_push_window(ctx, job, description.layout)
     if ctx.rank == 0:
         from .servers.server import Server
 
@@ -202,6 +212,39 @@ def make_role(ctx, job: JobConfig, run_dir: Path, ckpt: Checkpoint | None = None
 
     start = 0 if ckpt is None else int(ckpt.iterations[ctx.worker_of(ctx.rank)])
     return (worker_class or Worker)(ctx, description, run_dir, start_iteration=start)
+
+
+def _open_push_window(ctx, job: JobConfig, layout):
+    """The node's window of pushes read in place (``transport.push_window``), where the job allows it;
+    `layout` None: this rank's set-up failed."""
+    if not job.runtime.shared_pushes:
+        return None
+    from .servers.round_stream import streams
+
+    readers = [s for s in range(ctx.servers)
+               if not (round_based(job.sync) and streams(job.runtime.stream_rounds, ctx, s))]
+    on_host = not ctx.is_server and _numpy_backend(job, ctx)
+    window = open_push_window(ctx, layout, readers, on_host, job.runtime.setup_timeout_s)
+    if ctx.rank == 0 and window is not None and window.read_by(0):
+        log.info("pushes read in place (shared memory) by the server: workers %s",
+                 ", ".join(str(ctx.worker_of(r)) for r in sorted(window.read_by(0))))
+    return window
+
+
+def _numpy_backend(job: JobConfig, ctx) -> bool:
+    """This rank's backend is NumPy (its gradient in host memory); False where it cannot be resolved
+    (the worker's own set-up then says why)."""
+    try:
+        return resolve_backend(job.backend, local_rank=ctx.local_rank).name == "numpy"
+    except Exception:  # noqa: BLE001 - the worker's set-up reports it
+        return False
+
+
+def close_push_window(ctx) -> None:
+    """Free the node's window of pushes, once every rank is past the run (collective over the node)."""
+    if ctx.push_window is not None:
+        ctx.push_window.close()
+        ctx.push_window = None
 
 
 def _run_dir(ctx, job: JobConfig, out: str | None, resume: bool, identity=None):

@@ -24,10 +24,10 @@ def setup(base: MPI.Comm | None = None) -> Context:
     comm = (MPI.COMM_WORLD if base is None else base).Dup()
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
     ctx = Context(comm=comm, rank=comm.Get_rank(), size=comm.Get_size(), local_rank=local.Get_rank(),
-                  factor_comm=comm.Dup(), fetch_comm=comm.Dup())
+                  factor_comm=comm.Dup(), fetch_comm=comm.Dup(), node_comm=local)
+    ctx.node_ranks = local.allgather(ctx.rank)
     ctx.oversubscribed = local.Get_size() > len(set().union(*local.allgather(_cpus())))
     ctx.any_oversubscribed = comm.allreduce(ctx.oversubscribed, op=MPI.LOR)
-    local.Free()
     ctx.clock_offset = measure_clock_offset(comm)
     restart_clock(ctx)
     return ctx

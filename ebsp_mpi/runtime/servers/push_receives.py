@@ -5,7 +5,8 @@ part of the worker's next push that comes to it (its gradient chunks, the factor
 the header), and takes what has arrived with one ``Testsome``. A streamed BSP round
 (``runtime.servers.round_stream``) is told of each chunk and header as it comes, and paces the receives of
 the chunks (:meth:`PushReceives.expect_push`). The header completes a push; it says whether every
-value the worker sent was finite, so every server rejects the same pushes.
+value the worker sent was finite, so every server rejects the same pushes. A worker on this server's
+node whose gradient the server reads in place (``transport.push_window``) sends the header alone.
 """
 
 from __future__ import annotations
@@ -59,20 +60,32 @@ class PushReceives:
         self.factors, self.stream, self.pace, self.send_order = factors, stream, pace, send_order
         self.posted = np.zeros(self.n, dtype=np.int64)  # per worker, its push's chunks with a receive posted
         self.turn = np.argsort(send_order)  # each pushed chunk's place in the send order
+        # the workers whose gradient this server reads where it lies (``transport.push_window``): of
+        # their pushes only the header comes as a message
+        window = ctx.push_window
+        self.window = window
+        self.in_place = {ctx.worker_of(r): g for r, g in window.read_by(ctx.rank).items()} if window else {}
+        if self.in_place and stream is not None and stream.early:
+            raise ValueError("a streamed round cannot read pushes in place: it starts on each chunk's message")
+        self.headers_in_place = 0  # headers of pushes read in place since the bytes were last counted
         self._make_receives(ctx, params, pushed)
 
     def _make_receives(self, ctx, params: np.ndarray, pushed) -> None:
         """One gradient buffer and header per worker, with persistent receives for every part of a push
-        that comes to this server: its gradient chunks, the factors of its SFB layers, the header."""
+        that comes to this server: its gradient chunks, the factors of its SFB layers, the header. A
+        push read in place has its header's receive alone, and the worker's own gradient as buffer."""
         n = self.n
-        self.grads = [np.empty_like(params) for _ in range(n)]
+        self.grads = [self.in_place[w] if w in self.in_place else np.empty_like(params) for w in range(n)]
         self.headers = [header(PUSH_FIELDS) for _ in range(n)]
         self.recvs: list[MPI.Prequest] = []
         # request index -> (worker, expected count, MPI datatype, gradient chunk or factor block, the chunk's
         # index (PS) or the layer (SFB), scheme)
         self.part_of: list[tuple] = []
+        self.first = np.zeros(n, dtype=np.int64)  # per worker, the index of its first request
+        self.parts_of = np.zeros(n, dtype=np.int64)  # ... and how many parts its push has here
         for w in range(n):
-            for c in pushed:
+            self.first[w] = len(self.recvs)
+            for c in pushed if w not in self.in_place else ():
                 piece = self.grads[w][c.start:c.stop]
                 self.recvs.append(ctx.comm.Recv_init([piece, MPI.FLOAT], ctx.worker_rank(w), c.tag))
                 self.part_of.append((w, c.size, MPI.FLOAT, piece, c.tag - CHUNK_TAG0, PS))
@@ -82,7 +95,7 @@ class PushReceives:
                     self.part_of.append((w, piece.size, MPI.FLOAT, piece, name, SFB))
             self.recvs.append(ctx.comm.Recv_init([self.headers[w], MPI.DOUBLE], ctx.worker_rank(w), PUSH_TAG))
             self.part_of.append((w, len(PUSH_FIELDS), MPI.DOUBLE, None, None, None))
-        self.parts = len(self.recvs) // n
+            self.parts_of[w] = len(self.recvs) - self.first[w]
         # per request, for a streamed round: the pushed chunk's index, SFB_PART or HEADER_PART
         self.chunk_of_tag = {c.tag: j for j, c in enumerate(pushed)}
         self.part_kind = [self.chunk_of_tag[CHUNK_TAG0 + what] if scheme == PS
@@ -102,14 +115,16 @@ class PushReceives:
         message moves only once its receive is posted (MPI's rendezvous), so the workers' pushes share
         the server's link chunk by chunk: without it one worker's push came in whole while another's
         first chunk waited, and the round's first chunk, with it the replies, started late."""
-        self.missing[w] = self.parts
-        first = w * self.parts
+        first, parts = self.first[w], self.parts_of[w]
+        self.missing[w] = parts
+        if w in self.in_place:  # its previous push, read in place, is done with before the reply goes
+            self.window.sync()
         if self.pace is None:
-            MPI.Prequest.Startall(self.recvs[first:first + self.parts])
+            MPI.Prequest.Startall(self.recvs[first:first + parts])
             return
         chunks = len(self.pushed)
         ahead = [first + j for j in self.send_order[:self.pace]]
-        MPI.Prequest.Startall([self.recvs[i] for i in ahead] + self.recvs[first + chunks:first + self.parts])
+        MPI.Prequest.Startall([self.recvs[i] for i in ahead] + self.recvs[first + chunks:first + parts])
         self.posted[w] = len(ahead)
 
     def paced(self, source: int, tag: int) -> bool:
@@ -125,7 +140,7 @@ class PushReceives:
         order = self.send_order
         for w in np.flatnonzero(self.stream.expected):
             if self.posted[w] < len(order):
-                self.recvs[w * self.parts + order[self.posted[w]]].Start()
+                self.recvs[self.first[w] + order[self.posted[w]]].Start()
                 self.posted[w] += 1
 
     def take_parts(self, last_heard: np.ndarray | None = None, now: float = 0.0) -> Arrivals:
@@ -147,6 +162,9 @@ class PushReceives:
                 last_heard[w] = now
             self.missing[w] -= 1
             if self.missing[w] == 0:
+                if w in self.in_place:  # its header has come: its gradient is there to read
+                    self.window.sync()
+                    self.headers_in_place += 1
                 complete.append(w)
                 if self.stream is not None:
                     self.stream.push_in(w)
@@ -172,7 +190,12 @@ class PushReceives:
         return not head[PUSH.finite]
 
     def settle_counts(self, counter, layout, itemsize: int) -> None:
-        """Add the bytes of the parts received since the last call to `counter` (a ``ByteCounter``)."""
+        """Add the bytes of the parts received since the last call to `counter` (a ``ByteCounter``); a
+        push read in place counts the bytes of its chunks as pushed, as its messages would have."""
+        for c in self.pushed if self.headers_in_place else ():
+            for tensor, elements in layout.parts(c.tag - CHUNK_TAG0):
+                counter.received(tensor, PS, self.headers_in_place * elements * itemsize)
+        self.headers_in_place = 0
         for i, n in enumerate(self.arrivals_of_part):
             _, _, _, piece, what, scheme = self.part_of[i]  # what: a chunk's index (PS), a layer's name (SFB)
             if n and piece is not None:

@@ -35,17 +35,17 @@ from ..transport.polling import wait_all
 from ..transport.protocol import CHUNK_TAG0, ProtocolError
 
 
-def streams(setting: bool | str, ctx) -> bool:
-    """Whether this server streams its rounds (``runtime.stream_rounds``): as set, or with ``"auto"``
-    where some worker runs on another node than this server. Over a network link streaming lets the
-    two directions overlap (one server alone at 200 Mbit/s: 0.57 of the bound closed whole, 0.72
+def streams(setting: bool | str, ctx, server: int | None = None) -> bool:
+    """Whether server rank `server` (default: this rank) streams its rounds (``runtime.stream_rounds``):
+    as set, or with ``"auto"`` where some worker runs on another node than that server. Over a network
+    link streaming lets the two directions overlap (one server alone at 200 Mbit/s: 0.57 of the bound closed whole, 0.72
     streamed; docs/cluster.md). Through shared memory there are no two directions to overlap, and MPI
     copies a chunk only while both ends poll: `bench ps` on one node reached 0.32 - 0.55 x raw MPI
     streamed against 0.51 - 0.71 closed whole (medians; docs/performance.md). Hosts not known: one
     node."""
     if setting != "auto":
         return bool(setting)
-    here = ctx.hosts[ctx.rank] if ctx.hosts else None
+    here = ctx.hosts[ctx.rank if server is None else server] if ctx.hosts else None
     return bool(ctx.hosts) and any(ctx.hosts[ctx.worker_rank(w)] != here for w in range(ctx.workers))
 
 

@@ -379,7 +379,8 @@ class Server:
             + [s["bytes"] for s in stats], osdp=self._osdp(stats))
         self.recorder.record.write_summary(summary)
         self.trace.set_attrs(rejected_pushes=self.coordinator.rejected, hybrid=self.layout.hybrid_plan,
-                             bytes=self.store.bytes.as_dict(), redone_rounds=self.store.redone_rounds)
+                             bytes=self.store.bytes.as_dict(), redone_rounds=self.store.redone_rounds,
+                             pushes_in_place=sorted(self.store.receives.in_place))
         self.trace.close()
         return summary
 

@@ -53,6 +53,11 @@ class Context:
     factor_comm: MPI.Comm | None = None  # a second duplicate: sufficient factors (comm.hybrid) travel on it
     fetch_comm: MPI.Comm | None = None  # a third: OSDP's on-demand fetches (protocol.FETCH_TAG) travel on it
     servers: int = 1
+    #: the ranks that share memory with this one (``COMM_TYPE_SHARED``), and their communicator
+    node_comm: MPI.Comm | None = None
+    node_ranks: list[int] = field(default_factory=list)
+    #: the node's window of pushed gradients (``push_window``), where its workers' pushes are read in place
+    push_window: object = None
     #: the run's identity (``ebsp_mpi.identity.Identity``), the same on every rank: its traces carry it
     identity: object = None
     hosts: list[str] = field(default_factory=list)

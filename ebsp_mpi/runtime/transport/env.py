@@ -90,12 +90,25 @@ def prepare_rank_env(env=None) -> None:
       gets its own cores from the scheduler (export OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK there);
     - MPICH's shared memory carries messages up to :data:`SHM_EAGER_BYTES` eagerly where there is room
       (:func:`eager_shm_messages`). Every rank of a job must call this, since MPICH requires the same
-      cell size on every rank of a node.
+      cell size on every rank of a node;
+    - Open MPI opens shared windows with its ``sm`` component (:func:`shared_windows_by_sm`).
     """
     env = os.environ if env is None else env
     if world_size_from_env(env) > 1:
         cap_blas_threads(env)
         eager_shm_messages(env)
+        shared_windows_by_sm(env)
+
+
+def shared_windows_by_sm(env=None):
+    """Open MPI: make its one-sided component ``sm`` (``OMPI_MCA_osc``), unless the user chose one. The
+    only window the runtime opens is one node's shared window of pushes (``push_window``), which
+    ``sm`` serves; Open MPI otherwise asks ``ucx`` first, and where UCX offers it no transport every
+    rank prints an error line (``osc_ucx_component.c ... component query failed``) before it falls
+    back to ``sm``. Other MPI libraries ignore the variable. Returns `env`."""
+    env = os.environ if env is None else env
+    env.setdefault("OMPI_MCA_osc", "sm")
+    return env
 
 
 def eager_shm_messages(env=None, room: float | None = None):

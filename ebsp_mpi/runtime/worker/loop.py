@@ -81,6 +81,9 @@ class Worker:
     def _set_up(self, ctx: Context, job, description, start_iteration: int) -> None:
         """The model, its data, wire and trace (the allocations a plan's bound holds to, with the run's)."""
         self.model = description.model(xp=self.backend.xp, on_demand=True)
+        window = ctx.push_window
+        if window is not None and ctx.rank in window.gradients:  # the servers of this node read it in place
+            self.model.use_grad_buffer(window.gradients[ctx.rank])
         self.stream = description.batch_stream(self.index)
         self.stream.seek(start_iteration)  # batches and jitter follow from the iteration: nothing else to restore
         self.straggler = straggler_model(job.straggler, ctx.workers, job.seed)

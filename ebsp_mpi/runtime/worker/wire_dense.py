@@ -101,14 +101,20 @@ class DenseWire:
         # where each chunk lies in this worker's buffers (None: an on-demand unit's, never held there)
         self.local = [_local_slice(space, layout.chunk_tensor[k], c) for k, c in enumerate(chunks)]
         held = [k for k, at in enumerate(self.local) if at is not None]
+        # the servers that read this worker's gradient where it lies (transport.push_window): their
+        # chunks are pushed without a message, and the header tells them the gradient is there
+        window = ctx.push_window
+        readers = set(window.servers_reading(ctx.rank)) if window is not None else set()
+        self.window = window if readers else None
+        self.in_place = np.array([owner[k] in readers for k in range(len(chunks))], dtype=bool)
         self.pushes = {k: comm.Send_init([buffers.grad[self.local[k]], MPI.FLOAT], owner[k], chunks[k].tag)
-                       for k in held}
+                       for k in held if not self.in_place[k]}
         self.push_header = header(PUSH_FIELDS)
         # the header last, to every server: it completes the push on each
         self.header_sends = [comm.Send_init([self.push_header, MPI.DOUBLE], s, PUSH_TAG) for s in range(ctx.servers)]
         # an SFB layer's weight gradient goes as factors, an on-demand unit's from the fetch buffer
         self.never_sent = sfb_chunk | np.array([at is None for at in self.local], dtype=bool)
-        self.started = self.never_sent.copy()  # chunks of the current push already sent
+        self.started = self.never_sent | self.in_place  # chunks of the current push already sent
         self.chunks_of = _chunks_of_tensors(space, chunks)  # tensor name -> indices of its chunks
         # BSP with SFB: the reply's tail names the round's members
         self.pull_header = np.zeros(len(PULL_FIELDS) + (ctx.workers if layout.sfb_bsp else 0))
@@ -138,7 +144,7 @@ class DenseWire:
         self.check_runs = _merged([self.local[k] for k in sent])
 
     def begin_push(self) -> None:
-        self.started[:] = self.never_sent
+        self.started[:] = self.never_sent | self.in_place
 
     def push_ready(self, name: str, stop: int) -> None:
         """Wait-free backprop: send the chunks of tensor `name` that lie within its first `stop`
@@ -191,11 +197,16 @@ class DenseWire:
     def send_header(self, **fields) -> None:
         """Complete the push on every server: its header (:data:`~ebsp_mpi.runtime.transport.protocol.PUSH_FIELDS`)."""
         pack(self.push_header, PUSH_FIELDS, **fields)
+        if self.window is not None:  # the gradient read in place is written before the header says so
+            self.window.sync()
         MPI.Prequest.Startall(self.header_sends)
 
     def count_pull(self, first: bool) -> None:
-        """Count the pull just received (its bytes are added up when the counts are read)."""
+        """Count the pull just received (its bytes are added up when the counts are read). The reply
+        has come, so every server has read the push in place: the gradient may be written again."""
         self.pulls_done[first] += 1
+        if self.window is not None:
+            self.window.sync()
 
     def _settle_counts(self) -> None:
         """Add the bytes of the pushes and pulls counted so far to the byte counter."""
