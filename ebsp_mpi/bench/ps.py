@@ -54,7 +54,8 @@ SIZES = "1e4,1e5,1e6,1e7"
 FEATURES, CLASSES = 89, 10
 #: the raw exchange's header tags; its chunks use the chunks' own tags, as the runtime does
 RAW_PUSH_TAG, RAW_PULL_TAG = 1000, 1001
-TARGET = (">=", 0.7)
+#: the round trip's target against raw MPI, from TARGET_MIN_BYTES up; the update's against NumPy's axpy
+TARGET, UPDATE_TARGET = (">=", 0.75), (">=", 0.7)
 TARGET_MIN_BYTES = 1 << 20
 
 
@@ -502,7 +503,7 @@ def _print_one_server(found: dict, args) -> None:
             print(f"  {case}: " + ", ".join(f"{name} {human(value, 's')}" for name, value in core.items()))
         print()
     print_table(f"the server's update per push (momentum SGD), bytes of gradient per second; median of "
-                f"{args.reps}", updates, {r["case"]: TARGET for r in updates if r["reference"] == "numpy axpy"})
+                f"{args.reps}", updates, {r["case"]: UPDATE_TARGET for r in updates if r["reference"] == "numpy axpy"})
 
 
 def _main_sharded(comm, sizes: list[int], server_counts: list[int], workers: list[int], args,
