@@ -101,17 +101,20 @@ def open_push_window(ctx, layout, readers: list[int], gradient_on_host: bool, ti
     servers = [r for r in ranks if r in readers]
     model_bytes = 0 if layout is None else 4 * sum(c.size for c in layout.chunks)
     needed = model_bytes * sum(r >= ctx.servers for r in ranks)
-    yes = np.array([int(layout is not None and needed <= _room())], dtype=np.int32)
-    agreed = np.zeros(1, dtype=np.int32)
-    wait_all([ctx.node_comm.Iallreduce(yes, agreed, op=MPI.MIN)], ctx.backoff(), Deadline(
-        timeout_s, lambda: f"a rank of this node did not reach the shared window of pushes within {timeout_s:g} s "
-                           f"(runtime.setup_timeout_s)", lambda: ()))
-    if not agreed[0]:
-        if layout is not None and ctx.rank == min(ranks):
+    can = layout is not None and needed <= _room()
+    mine = model_bytes if can and _holds_segment(ctx, layout, servers, gradient_on_host) else 0
+    # the node agrees: every rank can (the minimum), and some rank keeps its gradient there (the
+    # maximum of mine, as the minimum of its negation)
+    agreed = np.zeros(2, dtype=np.int64)
+    wait_all([ctx.node_comm.Iallreduce(np.array([int(can), -mine], dtype=np.int64), agreed, op=MPI.MIN)],
+             ctx.backoff(), Deadline(timeout_s, lambda: f"a rank of this node did not reach the shared window of "
+                                                        f"pushes within {timeout_s:g} s (runtime.setup_timeout_s)",
+                                     lambda: ()))
+    if not agreed[0] or not agreed[1]:
+        if not agreed[0] and layout is not None and ctx.rank == min(ranks):
             log.info("pushes on host %s go as messages: no room for %d bytes of shared memory, or a rank's "
                      "set-up failed", ctx.host, needed)
         return None
-    mine = model_bytes if _holds_segment(ctx, layout, servers, gradient_on_host) else 0
     info = MPI.Info.Create()
     info.Set("alloc_shared_noncontig", "true")  # each segment aligned on its own, next to its owner
     try:
