@@ -114,7 +114,12 @@ def test_a_failing_server_ends_the_job_and_is_named(fault, message, tmp_path):
                  marks=pytest.mark.mpi_impl),
     ("0:setup:hang", "the server (rank 0) gave no set-up outcome 6 s after rank"),
     ("1:setup", "ebsp_mpi: error on rank 1 (worker 0): RuntimeError: fault injected at set-up"),
-], ids=["worker hangs", "server hangs", "worker raises"])
+    # before its layout: the ranks of its node wait for it first in their agreement on the window of
+    # pushes (runtime.transport.push_window), then report; rank 0 names it as above
+    ("2:data:hang", "rank 2 (worker 1) had not finished setting up 3 s after rank 0 had"),
+    ("1:data", "ebsp_mpi: error on rank 1 (worker 0): RuntimeError: fault injected at the data"),
+], ids=["worker hangs", "server hangs", "worker raises", "worker hangs before its layout",
+        "worker raises before its layout"])
 def test_a_rank_that_hangs_or_fails_in_its_set_up_ends_the_job_and_is_named(fault, message, tmp_path):
     """Set-up (data, model, traces) may take minutes, so its own timeout bounds it: a rank that never
     reports its set-up used to leave the others waiting for good. (The launch's own timeout fails a
@@ -125,12 +130,14 @@ def test_a_rank_that_hangs_or_fails_in_its_set_up_ends_the_job_and_is_named(faul
     assert message in p.stderr, p.stderr[-3000:]
 
 
-def test_a_rank_that_fails_in_its_set_up_is_named_at_once_not_after_the_set_up_timeout(tmp_path):
+@pytest.mark.parametrize("when", ["setup", "data"])
+def test_a_rank_that_fails_in_its_set_up_is_named_at_once_not_after_the_set_up_timeout(when, tmp_path):
     """Each rank sends its set-up outcome to rank 0 when its set-up ends: a worker that fails is named
-    as soon as rank 0 has set up, not runtime.setup_timeout_s later with the workers blamed for silence."""
+    as soon as rank 0 has set up, not runtime.setup_timeout_s later with the workers blamed for silence.
+    One that fails before its layout says no at once to its node's window of pushes."""
     started = time.monotonic()
     p = train(3, tmp_path / "run", "stop.iterations=20", "runtime.setup_timeout_s=600",
-              extra_env={"EBSP_INJECT_FAULT": "2:setup"}, timeout=120)
+              extra_env={"EBSP_INJECT_FAULT": f"2:{when}"}, timeout=120)
     assert p.returncode == 1 and "ebsp_mpi: error on rank 2 (worker 1): RuntimeError: fault injected" in p.stderr
     assert time.monotonic() - started < 60 and "had not finished setting up" not in p.stderr
 

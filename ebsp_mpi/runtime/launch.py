@@ -192,6 +192,9 @@ def make_role(ctx, job: JobConfig, run_dir: Path, ckpt: Checkpoint | None = None
     layout of its messages on these ranks; `plan` is its OSDP plan as the command line read it
     (``read_osdp_plan``; None: the job names none)."""
     try:
+        fault = fault_for(ctx.rank, ctx.size)  # EBSP_INJECT_FAULT, to test the failure paths
+        if fault is not None and fault.due("data"):
+            fault.fire("the data")
         description = describe(job, ctx.workers, plan, identity)
         description = dataclasses.replace(description, layout=make_layout(ctx, description))
     except BaseException:

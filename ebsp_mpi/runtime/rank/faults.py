@@ -5,6 +5,8 @@
   (the fault fires when it takes in that many); ``end`` on a worker: after its stop reply, before it
   reports its statistics; on the server: after the last worker has stopped, before the model is written;
   ``setup`` on any rank: once it has built its part of the job, before it reports its set-up;
+  ``data`` on any rank: as its set-up starts, before it reads the data and makes the run's layout
+  (before the ranks of its node agree on their window of pushes, ``transport.push_window``);
   ``flush`` on a worker: at the second reply that asks it to flush its trace (the server has written a
   checkpoint, its second), before it flushes;
 - ``MODE``: ``raise`` (the default: an exception, which aborts the job), ``hang`` (the rank stops
@@ -29,7 +31,7 @@ log = logging.getLogger(__name__)
 
 FAULT_ENV = "EBSP_INJECT_FAULT"
 #: the moments a fault may name besides a count
-WORDS = ("setup", "end", "flush")
+WORDS = ("data", "setup", "end", "flush")
 MODES = ("raise", "hang", "kill")
 
 
