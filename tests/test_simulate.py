@@ -13,6 +13,7 @@ import pytest
 
 from ebsp_mpi.config import SyncConfig, load_job, to_dict
 from ebsp_mpi.outputs import SUMMARY_KEYS
+from ebsp_mpi.sim.restarts import Cuts
 from ebsp_mpi.sim.run import _iteration_table, _pull_rows
 from ebsp_mpi.sim.workers import JITTER_BLOCK, NOMINAL_BASE_S, ModelWorkers, Parts
 from ebsp_mpi.straggler import SlowPhase, StragglerModel, straggler_model
@@ -134,7 +135,7 @@ def _pulls_of(result, w):
     return rows
 
 
-def _iterations_of(result, w, parts, cut):
+def _iterations_of(result, w, parts, cut, recorded_waits):
     """Worker `w`'s ``iterations`` rows, one worker at a time (see :func:`_pulls_of`)."""
     start, k = result.start[w], len(result.start[w])
     rows = np.zeros(k, dtype=ITERATIONS)
@@ -145,7 +146,10 @@ def _iterations_of(result, w, parts, cut):
     replies = np.append(start[1:], result.end[w])
     for i, t in cut.items():
         replies[i] = t
-    rows["t_end"] = np.maximum(replies + parts.down[1:k + 1], rows["t_push"])
+    ends = replies + parts.down[1:k + 1]
+    for i, wait in recorded_waits.items():
+        ends[i] = rows["t_push"][i] + wait
+    rows["t_end"] = np.maximum(ends, rows["t_push"])
     rows["wait_s"] = rows["t_end"] - rows["t_push"]
     rows["version"] = result.used[w]
     rows["loss"] = rows["epoch"] = np.nan
@@ -167,13 +171,16 @@ def test_the_trace_tables_built_for_all_workers_at_once_equal_one_worker_at_a_ti
     elif model != "bsp":  # BSP's rounds keep the counts equal
         assert len(set(counts)) > 1, counts
     parts = [Parts(*(rng.uniform(0, 0.01, k + 1) for _ in range(5))) for k in counts]
-    cuts = [{} for _ in counts]
+    cuts = Cuts.none(5)
     if counts[2] > 3:
-        cuts[2] = {1: float(result.start[2][2]) - 0.001}
+        cuts.replies[2][1] = float(result.start[2][2]) - 0.001
+    if counts[3] > 3:  # a wait as recorded: no transit added to it
+        cuts.waits[3][2] = 0.0004
     table, first = _iteration_table(result, parts, cuts)
     assert first.tolist() == np.concatenate([[0], np.cumsum(counts)]).tolist()
     for w in range(5):
-        assert table[first[w]:first[w + 1]].tobytes() == _iterations_of(result, w, parts[w], cuts[w]).tobytes(), w
+        own = _iterations_of(result, w, parts[w], cuts.replies[w], cuts.waits[w])
+        assert table[first[w]:first[w + 1]].tobytes() == own.tobytes(), w
     whole = np.concatenate([_pulls_of(result, w) for w in range(5)])
     assert _pull_rows(result).tobytes() == whole[np.lexsort((whole["worker"], whole["t_reply"]))].tobytes()
 

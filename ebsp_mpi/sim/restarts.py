@@ -16,7 +16,8 @@ differ by 15 - 20 % on a run resumed once). This one does what the server did:
 The last iteration before a restart ends as recorded where its worker's row survived (a killed run's
 worker may have had its reply after the checkpoint, in time the resumed run's clock does not count),
 else at the reply the simulation gave it (its parked release, or the restart where the policy held it);
-:attr:`RestartedRun.ends` records these ends for the trace.
+:class:`Cuts` records these for the trace: a recorded wait is the iteration's whole wait, a reply is
+followed by its transit.
 """
 
 from __future__ import annotations
@@ -24,11 +25,25 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from ..sync.base import SyncPolicy
 from ..sync.coordinator import Coordinator
 from .events import SimResult, Simulation, interval_function
 from .workers import Restart
+
+
+class Cuts(NamedTuple):
+    """Per worker, the iterations a restart cut short (iteration index -> seconds): ``replies[w]`` those
+    ended by a reply of the simulation (its time; the iteration ends when its transit does), ``waits[w]``
+    those that end as the recorded worker's did (its wait from its push, transit included)."""
+
+    replies: list[dict[int, float]]
+    waits: list[dict[int, float]]
+
+    @classmethod
+    def none(cls, workers: int) -> Cuts:
+        return cls([{} for _ in range(workers)], [{} for _ in range(workers)])
 
 
 class RestartedRun(Simulation):
@@ -40,8 +55,7 @@ class RestartedRun(Simulation):
         self.limits, self.until = list(limits), until
         # the count at which a worker's next release is parked until the restart (inf: none)
         self.parked_at: list[float] = [math.inf] * coordinator.workers
-        #: per worker, the iterations a restart cut short: iteration index -> the time of the reply that ended it
-        self.ends: list[dict[int, float]] = [{} for _ in range(coordinator.workers)]
+        self.cuts = Cuts.none(coordinator.workers)  # the iterations a restart cut short, and their ends
 
     def reply(self, w: int, version: int, stop: bool) -> None:
         if stop or self.coordinator.pushes[w] < self.parked_at[w]:
@@ -50,7 +64,7 @@ class RestartedRun(Simulation):
         # released for the iteration the restart starts again: the recorded worker lost that work
         self.wait[w] += self.now - self.pulled_at[w]
         self.pulled_at[w] = None
-        self.ends[w][self.coordinator.pushes[w] - 1] = self.now
+        self.cuts.replies[w][self.coordinator.pushes[w] - 1] = self.now
 
     def segment(self, counts: Sequence[int]) -> float:
         """Run until every worker has pushed ``counts[w]`` (or stopped); the time of the last push."""
@@ -76,10 +90,12 @@ class RestartedRun(Simulation):
         for w in range(coordinator.workers):
             last = old.pushes[w] - 1
             if self.pulled_at[w] is not None:  # held when the run stopped: its iteration ends at the restart
-                self.ends[w][last] = t
+                self.cuts.replies[w][last] = t
             wait = waits[w] if w < len(waits) else None
             if wait is not None and last >= 0 and math.isnan(self.end[w]):
-                self.ends[w][last] = self.pushes[w][last] + wait  # as the recorded worker had it
+                # as the recorded worker had it, the transit of its reply in its wait
+                self.cuts.replies[w].pop(last, None)
+                self.cuts.waits[w][last] = wait
             self.pulled_at[w] = t
         self.start(t)
         for w, (e, v) in enumerate(ended):
@@ -88,9 +104,9 @@ class RestartedRun(Simulation):
 
 
 def simulate_resumed(make_policy: Callable[[], SyncPolicy], intervals, limit: int | None, until: float,
-                     restarts: Sequence[Restart]) -> tuple[SimResult, list[dict[int, float]]]:
-    """Replay with the recorded `restarts` (see the module docstring); the result, and per worker the
-    iterations a restart cut short with the time of the reply that ended each."""
+                     restarts: Sequence[Restart]) -> tuple[SimResult, Cuts]:
+    """Replay with the recorded `restarts` (see the module docstring); the result, and the iterations
+    a restart cut short (:class:`Cuts`)."""
     policy = make_policy()
     n = policy.workers
     limits = [limit] * n
@@ -100,4 +116,4 @@ def simulate_resumed(make_policy: Callable[[], SyncPolicy], intervals, limit: in
         last = run.segment(restart.counts)
         run.restart(max(restart.t, last), make_policy(), restart.waits)
     run.segment([math.inf] * n)
-    return run.result(), run.ends
+    return run.result(), run.cuts

@@ -45,7 +45,7 @@ from ..trace.schema import (BARRIER_MEMBERS, BARRIERS, EVALS, ITERATIONS, PULLS,
 from ..trace.writer import encode_attrs, trace_path, write_whole
 from ..run_description import describe as describe_run
 from .recorded import recorded_pushes
-from .restarts import simulate_resumed
+from .restarts import Cuts, simulate_resumed
 from .training import EmulatedTrainer, check_emulable, check_evaluations
 from .workers import ModelWorkers, ReplayWorkers
 
@@ -174,13 +174,13 @@ def simulate_job(job: JobConfig, workers: int, run_dir: Path, *, replay=None, it
     started = time.perf_counter()
     # a diverging run's overflows are its summary's to report (the CLI's one line, as live), not NumPy's
     with _diverging_quietly(trainer):
-        result, ends, restarts = _schedule(job, workers, source, policy, limits, until, recorded, trainer, progress)
+        result, cuts, restarts = _schedule(job, workers, source, policy, limits, until, recorded, trainer, progress)
     seconds = time.perf_counter() - started
     progress.close(result.pushes)
     policy_tables = _record_rows(result.records)  # written and summarised both
 
     parts = [source.parts(w, result.start[w], result.push[w]) for w in range(workers)]
-    iterations, first = _iteration_table(result, parts, ends)
+    iterations, first = _iteration_table(result, parts, cuts)
     run_dir.mkdir(parents=True, exist_ok=True)  # the command made it; a caller of this function may not have
     # what the simulation is made from, its id on every file it writes (no dataset without real weights)
     identity = ids.current(to_dict(job), run_id=ids.new_run_id(), accepted=accepted).as_dict()
@@ -233,7 +233,7 @@ def _diverging_quietly(trainer):
 
 def _schedule(job: JobConfig, workers: int, source, policy, limits: list, until: float, recorded, trainer,
               progress: Progress) -> tuple[SimResult, list[dict[int, float]], list]:
-    """Run the simulation: ``(result, per worker the iterations a restart cut short, the restarts)``.
+    """Run the simulation: ``(result, the iterations a restart cut short (``Cuts``), the restarts)``.
     A resumed run is replayed with its restarts (``sim.restarts``), worker for recorded worker; a
     recording (``sim.recorded``) gives the pushes' order and times."""
     restarts = getattr(source, "restarts", []) if getattr(source, "recorded", None) == workers else []
@@ -243,9 +243,9 @@ def _schedule(job: JobConfig, workers: int, source, policy, limits: list, until:
                          "reloaded from its checkpoint are not replayed; replay it without --train, or a run "
                          "that was not resumed")
     if restarts:
-        result, ends = simulate_resumed(lambda: make_policy(job.sync, workers, seed=job.seed), source, limits[0],
+        result, cuts = simulate_resumed(lambda: make_policy(job.sync, workers, seed=job.seed), source, limits[0],
                                         until, restarts)
-        return result, ends, restarts
+        return result, cuts, restarts
     t0 = recorded.t0 if recorded is not None else 0.0
     if trainer is not None:
         trainer.begin(t0)
@@ -262,7 +262,7 @@ def _schedule(job: JobConfig, workers: int, source, policy, limits: list, until:
         raise UsageError(f"{where}: {e}; the recording cannot be paired") from None
     if recorded is not None:
         recorded.check(result)
-    return result, [{} for _ in range(workers)], []
+    return result, Cuts.none(workers), []
 
 
 def _write_traces(job: JobConfig, run_dir: Path, workers: int, source, result: SimResult,
@@ -351,13 +351,13 @@ def describe(summary: dict, run_dir) -> str:
 # -- the trace tables --------------------------------------------------------------------------------
 
 
-def _iteration_table(result: SimResult, parts: list, ends: list[dict[int, float]]) -> tuple[np.ndarray, np.ndarray]:
+def _iteration_table(result: SimResult, parts: list, cuts: Cuts) -> tuple[np.ndarray, np.ndarray]:
     """Every worker's ``iterations`` rows in one table, worker after worker, and where each worker's
     rows begin (``workers + 1`` offsets: worker w's are ``first[w]:first[w + 1]``).
 
     Built for all workers at once. Worker w's `parts` hold one iteration more than it did: the phases
-    of the reply that stopped it (its transit ends the last iteration). `ends[w]`: iterations a
-    restart cut short, with the time of the reply that ended each (``sim.restarts``)."""
+    of the reply that stopped it (its transit ends the last iteration). `cuts`: iterations a restart
+    cut short, each ended by a reply (its transit added) or by its recorded wait (``sim.restarts.Cuts``)."""
     counts = np.array([len(s) for s in result.start], dtype=np.int64)
     first = np.concatenate([[0], np.cumsum(counts)])
     rows = np.zeros(int(first[-1]), dtype=ITERATIONS)
@@ -378,10 +378,14 @@ def _iteration_table(result: SimResult, parts: list, ends: list[dict[int, float]
     replies[:-1] = start[1:]
     worked = counts > 0
     replies[first[1:][worked] - 1] = result.end[worked]
-    for w, cut in enumerate(ends):
+    for w, cut in enumerate(cuts.replies):
         for i, t in cut.items():
             replies[first[w] + i] = t
-    rows["t_end"] = np.maximum(replies + down[tail], rows["t_push"])
+    ends = replies + down[tail]
+    for w, cut in enumerate(cuts.waits):
+        for i, wait in cut.items():
+            ends[first[w] + i] = rows["t_push"][first[w] + i] + wait
+    rows["t_end"] = np.maximum(ends, rows["t_push"])
     rows["wait_s"] = rows["t_end"] - rows["t_push"]
     rows["version"] = np.concatenate(result.used)
     rows["loss"] = np.nan  # no weights, no loss
