@@ -232,7 +232,7 @@ def _diverging_quietly(trainer):
 
 
 def _schedule(job: JobConfig, workers: int, source, policy, limits: list, until: float, recorded, trainer,
-              progress: Progress) -> tuple[SimResult, list[dict[int, float]], list]:
+              progress: Progress) -> tuple[SimResult, Cuts, list]:
     """Run the simulation: ``(result, the iterations a restart cut short (``Cuts``), the restarts)``.
     A resumed run is replayed with its restarts (``sim.restarts``), worker for recorded worker; a
     recording (``sim.recorded``) gives the pushes' order and times."""
